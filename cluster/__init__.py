@@ -1,0 +1,1 @@
+"""What runs inside a rank: MLX init, shard loading, decoding, serving, benchmarking."""

@@ -1,0 +1,1 @@
+"""The `mlx-cluster` CLI and everything that touches hosts: probing, files, ranks, discovery."""
