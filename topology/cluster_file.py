@@ -82,7 +82,9 @@ def _number(source: str, key: str, value: Any) -> float:
     return float(value)
 
 
-def _strings(source: str, key: str, value: Any, pattern: re.Pattern[str], kind: str) -> tuple[str, ...]:
+def _strings(
+    source: str, key: str, value: Any, pattern: re.Pattern[str], kind: str
+) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise _fail(source, key, f"must be a list of strings, got {value!r}")
     return tuple(_str(source, f"{key}[{i}]", v, pattern, kind) for i, v in enumerate(value))

@@ -1,0 +1,100 @@
+"""Rank side of `mlx-cluster bench --calibrate` (job.mode "calibrate"): no model is loaded.
+
+Times all_sum on the group at a small, decode-sized message (one token's hidden state) and at a
+large one, in the activations' dtype and on the default stream, as mlx-lm's sharded layers
+call it; then the ranks listed in `bandwidth_ranks` (one per machine: ranks sharing a machine
+would share its bandwidth) time a reduction over a large array, i.e. reading it once from
+memory. Rank 0 reports one "result" event; the launcher turns it into a Calibration.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+from cluster.job import RankJob
+from topology.errors import InputError
+
+DTYPE = mx.float16  # 2 bytes per element, like the bf16/fp16 hidden state
+
+
+def _int(job: RankJob, name: str, default: int) -> int:
+    value = job.options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"calibrate job option {name} must be a positive integer, got {value!r}")
+    return value
+
+
+def all_reduce_s(group: Any, size_bytes: int, repeats: int) -> float:
+    """Median seconds of one all_sum of size_bytes (after a few untimed ones)."""
+    x = mx.ones((max(1, size_bytes // 2),), dtype=DTYPE)
+    mx.eval(x)
+    for _ in range(3):
+        mx.eval(mx.distributed.all_sum(x, group=group))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(mx.distributed.all_sum(x, group=group))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def memory_bandwidth_gbs(size_bytes: int, repeats: int) -> float:
+    """GB/s of the fastest of `repeats` sums over a float32 array of size_bytes."""
+    x = mx.random.uniform(shape=(max(1, size_bytes // 4),))
+    mx.eval(x)
+    mx.eval(x.sum())
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(x.sum())
+        best = min(best, time.perf_counter() - start)
+    return x.nbytes / best / 1e9
+
+
+def gather_floats(value: float, group: Any) -> list[float]:
+    """Every rank's value: each fills its slot of a zero vector, then all_sum."""
+    if group is None:
+        return [value]
+    slots = mx.zeros((group.size(),), dtype=mx.float32)
+    slots[group.rank()] = value
+    summed = mx.distributed.all_sum(slots, group=group, stream=mx.cpu)
+    mx.eval(summed)
+    return [float(v) for v in summed.tolist()]
+
+
+def calibrate(job: RankJob, group: Any, emit: Callable[..., None]) -> None:
+    from cluster.generate import barrier
+
+    small = _int(job, "small_bytes", 16384)
+    large = _int(job, "large_bytes", 32 << 20)
+    measure = job.options.get("bandwidth_ranks", list(range(job.world_size)))
+    if not isinstance(measure, list) or not all(isinstance(r, int) for r in measure):
+        raise InputError("calibrate job option bandwidth_ranks must be a list of ranks")
+    links: dict[str, Any] = {}
+    if group is not None:
+        emit("progress", stage="calibrate", step="all_reduce", bytes=small)
+        links["small_s"] = all_reduce_s(group, small, _int(job, "small_repeats", 50))
+        emit("progress", stage="calibrate", step="all_reduce", bytes=large)
+        links["large_s"] = all_reduce_s(group, large, _int(job, "large_repeats", 5))
+    emit("progress", stage="calibrate", step="memory_bandwidth")
+    gbs = 0.0
+    if job.rank in measure:
+        size = _int(job, "bandwidth_bytes", 512 << 20)
+        gbs = memory_bandwidth_gbs(size, _int(job, "bandwidth_repeats", 5))
+    bandwidths = gather_floats(gbs, group)
+    if job.rank == 0:
+        emit(
+            "result",
+            backend=job.backend,
+            ranks=job.world_size,
+            small_bytes=small,
+            large_bytes=large,
+            memory_bandwidth_gbs=[b if r in measure else None for r, b in enumerate(bandwidths)],
+            **links,
+        )
+    barrier(group)

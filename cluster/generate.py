@@ -1,0 +1,164 @@
+"""Decode on every rank in lockstep with mlx-lm's own stream_generate.
+
+Rank 0 owns the prompt: it applies the chat template and tokenizes, then every rank
+receives the same token ids (an all_sum where the other ranks contribute zeros). With the
+same ids, the same seed and identical logits on every rank (tensor parallel all-reduces,
+pipelines all-gather the last hidden state), every rank samples the same tokens and runs the
+same number of steps, so the collectives inside the model always pair up.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.generate import generation_stream, stream_generate
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from cluster.job import RankJob
+
+Emit = Callable[..., None]  # emit(event_name, **fields)
+PROGRESS_EVERY_S = 0.5  # a progress event at most this often: cheap next to a token
+
+
+@dataclass
+class Decoded:
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    prompt_tps: float = 0.0
+    generation_tps: float = 0.0
+    finish_reason: str | None = None
+    logits: list[list[float]] = field(default_factory=list)
+    peak_memory_bytes: int = 0  # this rank's
+
+
+def prompt_ids(job: RankJob, tokenizer: TokenizerWrapper) -> list[int]:
+    """What mlx_lm.generate feeds the model for this prompt (chat template unless disabled)."""
+    use_template = job.use_chat_template and tokenizer.has_chat_template
+    prompt = job.prompt
+    if use_template:
+        messages = [{"role": "user", "content": job.prompt}]
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(prompt, add_special_tokens=not use_template))
+
+
+def share_prompt(ids: list[int] | None, group: Any) -> list[int]:
+    """Rank 0's ids on every rank: length first, then the ids (others send zeros)."""
+    if group is None:
+        return ids or []
+    mine = ids if group.rank() == 0 and ids is not None else []
+    n = mx.distributed.all_sum(mx.array([len(mine)], dtype=mx.int32), group=group, stream=mx.cpu)
+    length = _ints(n)[0]
+    padded = mine if mine else [0] * length
+    total = mx.distributed.all_sum(mx.array(padded, dtype=mx.int32), group=group, stream=mx.cpu)
+    return _ints(total)
+
+
+def gather_peak_memory(peak: int, group: Any) -> list[int]:
+    """Every rank's `peak`: each fills its own slot of a zero vector, then all_sum."""
+    if group is None:
+        return [peak]
+    slots = mx.zeros((group.size(),), dtype=mx.int64)
+    slots[group.rank()] = peak
+    summed = mx.distributed.all_sum(slots, group=group, stream=mx.cpu)
+    return _ints(summed)
+
+
+def _ints(values: mx.array) -> list[int]:
+    return [int(v) for v in np.asarray(values).reshape(-1)]
+
+
+def barrier(group: Any) -> None:
+    """An all_sum nobody skips: no rank leaves while a peer still needs it."""
+    if group is not None:
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
+
+
+def decode(
+    job: RankJob,
+    model: nn.Module,
+    tokenizer: TokenizerWrapper,
+    group: Any,
+    emit: Emit,
+    out: TextIO = sys.stdout,
+) -> Decoded:
+    """Run stream_generate; rank 0 streams text to `out` and reports a "result" event."""
+    rank0 = job.rank == 0
+    ids = share_prompt(prompt_ids(job, tokenizer) if rank0 else None, group)
+    if not ids:
+        raise ValueError("the prompt is empty after tokenization: give a --prompt")
+    mx.random.seed(job.seed)
+    keep_logits = int(job.options.get("return_logits", 0))
+    delay = float(job.options.get("token_delay_s", 0.0))  # lets launcher tests act mid-decode
+    fail = job.options.get("fail_at_token")  # {"rank": r, "token": n}: launcher tests
+    result = Decoded(prompt_tokens=len(ids))
+    kept: list[mx.array] = []
+    processors = [_logit_keeper(kept, keep_logits)] if keep_logits > 0 else None
+    last_event = 0.0
+    for response in stream_generate(
+        model,
+        tokenizer,
+        mx.array(ids, dtype=mx.int32),
+        max_tokens=job.max_tokens,
+        sampler=make_sampler(job.temp, job.top_p),
+        logits_processors=processors,
+        prompt_progress_callback=lambda done, total: emit(
+            "progress", rank=job.rank, stage="prompt", done=done, total=total
+        ),
+    ):
+        if response.finish_reason != "stop":  # a stop response carries the EOS token
+            result.tokens.append(response.token)
+        if rank0 and response.text:
+            result.text += response.text
+            out.write(response.text)
+            out.flush()
+        n = len(result.tokens)
+        now = time.monotonic()
+        if now - last_event >= PROGRESS_EVERY_S:
+            emit("progress", rank=job.rank, stage="decode", tokens=n)
+            last_event = now
+        if isinstance(fail, dict) and fail.get("rank") == job.rank and fail.get("token") == n:
+            raise RuntimeError(f"failing at token {n} as the job asked (fail_at_token)")
+        if delay:
+            time.sleep(delay)
+        result.prompt_tps, result.generation_tps = response.prompt_tps, response.generation_tps
+        result.finish_reason = response.finish_reason
+    # generate_step schedules one step ahead; its collectives may still be running on the
+    # generation stream and would pair up with ours in a different order on each rank.
+    pass  # mx.synchronize(generation_stream)
+    result.logits = [np.asarray(row.astype(mx.float32)).tolist() for row in kept]
+    result.peak_memory_bytes = int(mx.get_peak_memory())
+    peaks = gather_peak_memory(result.peak_memory_bytes, group)
+    if rank0:
+        emit(
+            "result",
+            text=result.text,
+            tokens=result.tokens,
+            prompt_tokens=result.prompt_tokens,
+            prompt_tps=result.prompt_tps,
+            generation_tps=result.generation_tps,
+            finish_reason=result.finish_reason,
+            peak_memory_bytes=peaks,
+            **({"logits": result.logits} if keep_logits > 0 else {}),
+        )
+    barrier(group)
+    return result
+
+
+def _logit_keeper(kept: list[mx.array], steps: int) -> Callable[[mx.array, mx.array], mx.array]:
+    """A logits processor that keeps (lazily) the raw logits of the first `steps` steps."""
+
+    def keep(tokens: mx.array, logits: mx.array) -> mx.array:
+        if len(kept) < steps:
+            kept.append(logits[0])
+        return logits
+
+    return keep

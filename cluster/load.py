@@ -1,0 +1,202 @@
+"""Load this rank's shard of a model through mlx-lm, reading only the files it needs.
+
+Shapes are checked from config.json before any weight is read, because mlx-lm's `shard()`
+accepts KV heads that do not divide the rank count and only fails at the first forward.
+The weights come from a private "view" directory of symlinks to config/tokenizer files and
+this rank's safetensors files, so mlx-lm's loader (which globs model*.safetensors) sees
+exactly those; each layer is then materialised in turn so loading can report progress.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import _get_classes, load_config, load_model, load_tokenizer
+
+from cluster.pipeline_stage import PipelineStage, check_generic, layer_range
+from topology.errors import InputError
+
+Progress = Callable[[int, int, int], None]  # (layers loaded, layers total, files)
+LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Shard:
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    config: dict[str, Any]
+    layers: tuple[int, int]  # this rank's [start, end) in mlx-lm's numbering
+    files: tuple[str, ...]  # the safetensors files it read
+
+
+def resolve_model(model: str) -> Path:
+    """A local directory, or a Hugging Face repo id already in the local cache (ranks never
+    download: every rank of a cluster fetching at once is the launcher's job to avoid)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise InputError(f"{path} has no config.json: point --model at an MLX model folder")
+        return path
+    if path.exists() or model.count("/") != 1 or model.startswith((".", "/", "~")):
+        raise InputError(f"model {model!r} not found: give a model folder or a Hugging Face id")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(model, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise InputError(
+            f"model {model} is not downloaded on this host: fetch it first "
+            f"(hf download {model}) or give a local folder"
+        ) from None
+
+
+def check_shapes(
+    config: dict[str, Any], strategy: str, size: int, split: Sequence[int] | None
+) -> None:
+    """Refuse, before loading, a sharding that mlx-lm would get wrong or fail on late."""
+    if size == 1:
+        return
+    layers = int(config["num_hidden_layers"])
+    if strategy == "pipeline":
+        if split is None and size > layers:
+            raise InputError(
+                f"pipeline over {size} ranks needs at least {size} layers (model has {layers})"
+            )
+        if split is not None and (len(split) != size or min(split) < 1 or sum(split) != layers):
+            raise InputError(
+                f"layer split {list(split)} must give each of {size} ranks at least one layer "
+                f"and add up to {layers}"
+            )
+        return
+    if strategy != "tensor":
+        raise InputError(f"unknown strategy {strategy!r}: use tensor or pipeline")
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    hint = "use a rank count that divides it, or --strategy pipeline"
+    if heads % size:
+        raise InputError(
+            f"tensor parallel over {size} ranks: {heads} attention heads do not split; {hint}"
+        )
+    if kv_heads % size:
+        raise InputError(
+            f"tensor parallel over {size} ranks: {kv_heads} KV heads do not split; {hint}"
+        )
+    widths = {"intermediate size": config.get("intermediate_size")}
+    widths["MoE intermediate size"] = config.get("moe_intermediate_size")
+    for name, width in widths.items():
+        if width and int(width) % size:
+            raise InputError(
+                f"tensor parallel over {size} ranks: {name} {width} does not split; {hint}"
+            )
+    quant = config.get("quantization") or {}
+    group = quant.get("group_size") if isinstance(quant, dict) else None
+    if group:
+        # Row-sharded layers (o_proj, down_proj) split their quantized input dimension.
+        for name, width in {"attention output": heads * head_dim, **widths}.items():
+            if width and (int(width) // size) % int(group):
+                raise InputError(
+                    f"tensor parallel over {size} ranks: the {name} slice ({int(width) // size}) "
+                    f"is not a multiple of the quantization group size {group}; {hint}"
+                )
+
+
+def local_files(path: Path, layers: range | None) -> list[str]:
+    """Safetensors files holding the non-layer weights and `layers` (None: all files)."""
+    index_file = path / "model.safetensors.index.json"
+    if not index_file.is_file():
+        return sorted(p.name for p in path.glob("model*.safetensors"))
+    weight_map: dict[str, str] = json.loads(index_file.read_text())["weight_map"]
+    files = set()
+    for name, file in weight_map.items():
+        match = LAYER_KEY.search(name)
+        if layers is None or match is None or int(match.group(1)) in layers:
+            files.add(file)
+    return sorted(files)
+
+
+def load_shard(
+    model: str,
+    rank: int,
+    size: int,
+    strategy: str,
+    group: Any,
+    split: Sequence[int] | None = None,
+    progress: Progress | None = None,
+) -> Shard:
+    path = resolve_model(model)
+    config = load_config(path)
+    check_shapes(config, strategy, size, split)
+    model_class, _ = _get_classes(config)
+    num_layers = int(config["num_hidden_layers"])
+    pipeline = size > 1 and strategy == "pipeline"
+    if size > 1 and strategy == "tensor" and not hasattr(model_class, "shard"):
+        raise InputError(
+            f"mlx-lm has no tensor parallel for {config['model_type']}: use --strategy pipeline"
+        )
+    local = layer_range(num_layers, rank, size, split) if pipeline else range(num_layers)
+    files = local_files(path, local if pipeline else None)
+    missing = [f for f in files if not (path / f).is_file()]
+    if missing or not files:
+        what = ", ".join(missing) if missing else "any model*.safetensors"
+        raise InputError(
+            f"{path} lacks {what} (rank {rank}, layers {local.start}-{local.stop - 1})"
+        )
+
+    view = Path(tempfile.mkdtemp(prefix=f"mlx-cluster-load{rank}-"))
+    try:
+        for item in path.iterdir():
+            if not item.name.endswith(".safetensors") or item.name in files:
+                (view / item.name).symlink_to(item.resolve())
+        net, config = load_model(view, lazy=True, strict=not pipeline)
+        tokenizer = load_tokenizer(view, eos_token_ids=config.get("eos_token_id"))
+        net = _shard(net, group, strategy if size > 1 else "none", split)
+        _materialise(net, local, len(files), progress)
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
+    return Shard(net, tokenizer, config, (local.start, local.stop), tuple(files))
+
+
+def _shard(net: nn.Module, group: Any, strategy: str, split: Sequence[int] | None) -> nn.Module:
+    if strategy == "tensor":
+        net.shard(group)
+    elif strategy == "pipeline" and hasattr(net.model, "pipeline"):
+        net.model.pipeline(group, split=None if split is None else list(split))
+    elif strategy == "pipeline":
+        reason = check_generic(net)
+        if reason is not None:
+            raise InputError(f"{reason}: use --strategy tensor")
+        return PipelineStage(net, group, split)
+    return net
+
+
+def _materialise(net: nn.Module, local: range, files: int, progress: Progress | None) -> None:
+    """Read the weights layer by layer (lazy until now) and report each step."""
+    layers = [layer for layer in _all_layers(net)[local.start : local.stop] if layer is not None]
+    mx.eval([p for name, p in _flat(net.parameters()) if not LAYER_KEY.search(name)])
+    for i, layer in enumerate(layers):
+        mx.eval(layer.parameters())
+        if progress is not None:
+            progress(i + 1, len(layers), files)
+    mx.eval(net.parameters())
+
+
+def _all_layers(net: nn.Module) -> list[Any]:
+    inner = net.model if hasattr(net, "model") else net
+    return list(inner.layers)
+
+
+def _flat(tree: Any) -> list[tuple[str, mx.array]]:
+    return cast(list[tuple[str, mx.array]], tree_flatten(tree))

@@ -1,0 +1,159 @@
+"""`python -m cluster.rank`: one rank of a cluster job (see cluster/job.py for the contract).
+
+Reads the RankJob line from stdin, then: a watchdog thread keeps reading stdin and hard-exits
+the process at EOF (the launcher is gone), a heartbeat thread reports every heartbeat_s, and
+the main thread initialises MLX distributed, loads this rank's shard and decodes. Both
+threads keep running while the main thread waits inside an MLX collective (MLX releases the
+GIL there; measured with the ring backend and a SIGSTOPped peer), so a stuck rank still
+exits when the launcher closes its stdin. Exit codes: 0 done, 1 failed, 2 unusable input
+(model, shapes, job), 3 the launcher went away.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, TextIO
+
+from cluster.job import RankJob, event_line
+from topology.errors import InputError
+
+EXIT_FAILED, EXIT_INPUT, EXIT_ORPHANED = 1, 2, 3
+
+
+class Reporter:
+    """Event lines on stderr (one writer at a time) and what the heartbeat says."""
+
+    def __init__(self, stream: TextIO, rank: int) -> None:
+        self.stream, self.rank = stream, rank
+        self.lock = threading.Lock()
+        self.stage = "starting"
+        self.last_progress = time.monotonic()
+
+    def emit(self, event: str, **data: Any) -> None:
+        if event in ("progress", "loading"):
+            self.last_progress = time.monotonic()
+        line = event_line(event, **{"rank": self.rank, **data})
+        with self.lock:
+            try:
+                self.stream.write(line)
+                self.stream.flush()
+            except (OSError, ValueError):  # nobody is reading any more
+                pass
+
+    def enter(self, stage: str, **data: Any) -> None:
+        self.stage = stage
+        self.emit(stage, **data)
+        self.last_progress = time.monotonic()
+
+    def heartbeat(self) -> None:
+        age = round(time.monotonic() - self.last_progress, 3)
+        self.emit("heartbeat", stage=self.stage, progress_age_s=age)
+
+
+# Lines after the job line: serve mode's requests (cluster/serve_loop.py); unread otherwise.
+STDIN_LINES: queue.Queue[str] = queue.Queue()
+
+
+def _watch_stdin(stdin: TextIO) -> None:
+    """Launcher gone (stdin EOF) → exit now, even if the main thread is in a collective."""
+    try:
+        while line := stdin.readline():
+            STDIN_LINES.put(line)
+    except (OSError, ValueError):
+        pass
+    os._exit(EXIT_ORPHANED)
+
+
+def _beat(reporter: Reporter, every: float) -> None:
+    while True:
+        time.sleep(every)
+        reporter.heartbeat()
+
+
+def run(job: RankJob, reporter: Reporter, text_out: TextIO) -> None:
+    """Initialise, load, decode and say "done"; raises on failure."""
+    from cluster.distributed import init_group, job_environment
+
+    if job.mode in ("bench", "calibrate"):  # timed runs: cluster/bench_rank.py
+        from cluster.bench_rank import run_measurement
+
+        return run_measurement(job, reporter)
+    if job.mode not in ("generate", "serve"):
+        raise InputError(f"mode {job.mode!r} is not supported by this rank")
+    reporter.enter("init", backend=job.backend, world_size=job.world_size)
+    with job_environment(job):
+        group = init_group(job)
+    # mlx-lm is imported only now: MLX had to see the job's environment first.
+    from cluster.generate import decode
+    from cluster.load import load_shard
+
+    reporter.enter("load", model=job.model, strategy=job.strategy)
+    started = time.monotonic()
+    shard = load_shard(
+        job.model,
+        job.rank,
+        job.world_size,
+        job.strategy,
+        group,
+        split=job.layer_split,
+        progress=lambda done, total, files: reporter.emit(
+            "loading", layers_done=done, layers_total=total, files=files
+        ),
+    )
+    reporter.enter(
+        "decode",
+        layers=list(shard.layers),
+        files=len(shard.files),
+        load_s=round(time.monotonic() - started, 3),
+    )
+    if job.mode == "serve":  # until the launcher closes stdin
+        from cluster.serve_loop import serve
+
+        return serve(job, shard.model, shard.tokenizer, group, reporter.emit, STDIN_LINES)
+    decoded = decode(job, shard.model, shard.tokenizer, group, reporter.emit, out=text_out)
+    reporter.enter("done", peak_memory_bytes=decoded.peak_memory_bytes)
+
+
+def main() -> int:
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found"
+    stdin, stderr, text_out = sys.stdin, sys.stderr, sys.stdout
+    sys.stdout = sys.stderr  # stray prints from libraries must not mix with the text
+    line = stdin.readline()
+    try:
+        job = RankJob.from_line(line)
+    except (ValueError, TypeError) as e:
+        stderr.write(event_line("error", rank=None, kind="input", message=f"bad job line: {e}"))
+        return EXIT_INPUT
+    reporter = Reporter(stderr, job.rank)
+    threading.Thread(target=_watch_stdin, args=(stdin,), daemon=True).start()
+    threading.Thread(target=_beat, args=(reporter, max(job.heartbeat_s, 0.05)), daemon=True).start()
+    reporter.enter("started", pid=os.getpid(), host=socket.gethostname())
+    try:
+        run(job, reporter, text_out)
+    except InputError as e:
+        reporter.emit("error", kind="input", stage=reporter.stage, message=str(e))
+        return EXIT_INPUT
+    except Exception as e:
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
+        message = f"{type(e).__name__}: {e}".splitlines()[0]
+        reporter.emit("error", kind="runtime", stage=reporter.stage, message=message, where=where)
+        if os.environ.get("MLX_CLUSTER_DEBUG"):
+            traceback.print_exc()
+        return EXIT_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.__stdout__.flush() if sys.__stdout__ else None
+    sys.stderr.flush()
+    # Skip interpreter teardown: MLX's backend threads must not outlive a failed peer's wait.
+    os._exit(code)

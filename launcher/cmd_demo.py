@@ -1,0 +1,71 @@
+"""`mlx-cluster demo`: tensor parallel over 2 local ranks on a tiny model, checked against 1 rank.
+
+The model is random-weight and built offline (cluster/tiny_model.py) in the cache directory
+($MLX_CLUSTER_CACHE, default ~/.cache/mlx-cluster), so the demo needs no download and no Mac.
+Exit 0 only when the two ranks produce exactly the single process's tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from launcher.cmd_launch import run_launch, summary_line
+from launcher.launch_target import local_target
+from launcher.rank_jobs import Generation
+from launcher.supervisor import EXIT_RANK_FAILED, Deadlines
+
+DEMO_MODEL = {"layers": 4, "hidden": 128, "heads": 8, "kv_heads": 4, "seed": 0}
+DEMO_PROMPT = "Write a short poem about the sea"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MLX_CLUSTER_CACHE") or Path.home() / ".cache" / "mlx-cluster")
+
+
+def demo_model() -> Path:
+    """The demo model, written on first use (a few seconds) and reused afterwards."""
+    from cluster.tiny_model import MARKER, write_tiny_model
+
+    path = cache_dir() / "demo-model"
+    if (path / MARKER).is_file() and (path / "config.json").is_file():
+        return path
+    click.echo(f"writing the tiny demo model to {path} ...", err=True)
+    return write_tiny_model(path, **DEMO_MODEL)
+
+
+@click.command("demo")
+@click.option("--prompt", default=DEMO_PROMPT, show_default=True)
+@click.option("--max-tokens", type=int, default=40, show_default=True)
+def demo(prompt: str, max_tokens: int) -> int:
+    """Run a tiny model tensor-parallel on 2 local ranks and check it against one process."""
+    if max_tokens < 1:
+        raise click.UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
+    model = str(demo_model())
+    generation = Generation(prompt, max_tokens)
+    deadlines = Deadlines(rank_timeout_s=30.0, load_timeout_s=120.0)
+    click.echo(f"model: {model} (random weights: the text is gibberish by design)")
+    click.echo("tensor parallel over 2 ranks on this machine (ring backend over 127.0.0.1):")
+    two = run_launch(local_target(2, model, "tensor"), model, generation, deadlines, sys.stdout)
+    if two.outcome.failure is not None or two.outcome.result is None:
+        reason = two.outcome.failure.message() if two.outcome.failure else "no result"
+        click.echo(f"mlx-cluster: error: {reason}", err=True)
+        return two.outcome.exit_code or EXIT_RANK_FAILED
+    click.echo(summary_line(two.outcome.result, two.target))
+    one = run_launch(local_target(1, model, "tensor"), model, generation, deadlines, None)
+    if one.outcome.failure is not None or one.outcome.result is None:
+        reason = one.outcome.failure.message() if one.outcome.failure else "no result"
+        click.echo(f"mlx-cluster: error: the single-process run failed: {reason}", err=True)
+        return one.outcome.exit_code or EXIT_RANK_FAILED
+    click.echo(summary_line(one.outcome.result, one.target))
+    mine, single = two.outcome.result["tokens"], one.outcome.result["tokens"]
+    if mine == single:
+        click.echo(f"match: the 2 ranks produced the single process's {len(single)} tokens exactly")
+        return 0
+    at = next((i for i, (a, b) in enumerate(zip(mine, single, strict=False)) if a != b), None)
+    where = f"token {at}" if at is not None else f"length ({len(mine)} vs {len(single)})"
+    click.echo(f"MISMATCH: the 2 ranks differ from the single process at {where}", err=True)
+    return EXIT_RANK_FAILED

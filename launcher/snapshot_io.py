@@ -1,0 +1,161 @@
+"""Snapshot directories: one subdirectory per host, holding its raw command outputs (+ host.yaml).
+
+Reading turns each host into HostFacts (missing files are probe gaps, not errors); a directory
+that is not a snapshot at all is an InputError naming it. Writing stores the bytes as probed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from topology.cluster_file import HostSpec, parse_cluster
+from topology.errors import InputError
+from topology.facts import SNAPSHOT_FILES, HostFacts
+from topology.host_facts import ERROR_SUFFIX, UNAME_FILE, host_facts
+
+HOST_YAML = "host.yaml"
+KNOWN_FILES = (*SNAPSHOT_FILES, UNAME_FILE)
+_MAX_FILE_BYTES = 16 * 1024 * 1024  # a real command output is well under 1 MB
+
+
+def _read_text(path: Path) -> str:
+    if path.stat().st_size > _MAX_FILE_BYTES:
+        raise InputError(f"{path}: larger than 16 MB, not a command output")
+    return path.read_bytes().decode("utf-8", "surrogateescape")
+
+
+def read_host_files(host_dir: Path) -> dict[str, str | None]:
+    """{file: content or None} for every snapshot file, plus any `<file>.error` notes."""
+    files: dict[str, str | None] = {}
+    for name in KNOWN_FILES:
+        for key in (name, name + ERROR_SUFFIX):
+            path = host_dir / key
+            if not path.is_file():
+                files.setdefault(key, None)
+                continue
+            try:
+                files[key] = _read_text(path)
+            except OSError as e:
+                files[key] = None
+                files[name + ERROR_SUFFIX] = f"unreadable: {e.strerror}"
+    return files
+
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: much faster
+
+
+def _read_host_yaml(host_dir: Path) -> dict[str, Any]:
+    path = host_dir / HOST_YAML
+    if not path.is_file():
+        return {}
+    try:
+        raw = yaml.load(_read_text(path), Loader=_LOADER) or {}
+    except yaml.YAMLError:
+        raise InputError(f"{path}: not valid YAML; write `ssh: host` and `ips: [...]`") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read it ({e.strerror})") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: must be a mapping with `ssh:` and `ips:`")
+    return raw
+
+
+def _validate(dirs: list[Path], raws: list[dict[str, Any]]) -> None:
+    """Directory names and host.yaml values by the cluster file's rules (one parse for all)."""
+    entries = [{"ssh": "x", **raw, "name": d.name} for d, raw in zip(dirs, raws, strict=True)]
+    try:
+        parse_cluster(yaml.safe_dump({"hosts": entries}), "snapshot")
+    except InputError as e:
+        m = re.match(r"snapshot: hosts\[(\d+)\]\.?(\w*): (.*)", str(e))
+        if m is None:
+            raise
+        d, key, what = dirs[int(m[1])], m[2], m[3]
+        if key == "name":
+            raise InputError(
+                f"{d}: {d.name!r} is not a valid host name; rename the directory "
+                "(letters, digits, '.', '_', '-')"
+            ) from None
+        raise InputError(
+            f"{d / HOST_YAML}: {key}: {what}" if key else f"{d / HOST_YAML}: {what}"
+        ) from None
+
+
+def _host_dirs(directory: Path) -> list[Path]:
+    where = f"--snapshot {directory}"
+    if not directory.exists():
+        raise InputError(
+            f"{where}: no such directory (record one with `mlx-cluster topology snapshot`)"
+        )
+    if not directory.is_dir():
+        raise InputError(f"{where}: not a directory (give the snapshot's top directory)")
+    if any((directory / f).is_file() for f in KNOWN_FILES):
+        raise InputError(
+            f"{where}: this is one host's directory; give its parent (one subdirectory per host)"
+        )
+    dirs = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not any((d / f).is_file() for d in dirs for f in (*KNOWN_FILES, HOST_YAML)):
+        raise InputError(
+            f"{where}: not a snapshot (no host subdirectory holds {SNAPSHOT_FILES[0]} or "
+            "any other snapshot file)"
+        )
+    return dirs
+
+
+def load_snapshot_files(
+    directory: str | Path,
+) -> dict[str, tuple[dict[str, str | None], dict[str, Any]]]:
+    """Per host name: (its files, its host.yaml mapping)."""
+    dirs = _host_dirs(Path(directory))
+    raws = [_read_host_yaml(d) for d in dirs]
+    _validate(dirs, raws)
+    return {d.name: (read_host_files(d), raw) for d, raw in zip(dirs, raws, strict=True)}
+
+
+def load_snapshot(directory: str | Path) -> tuple[HostFacts, ...]:
+    """HostFacts for every host of a snapshot directory, in name order."""
+    return tuple(
+        host_facts(name, files, yaml_)
+        for name, (files, yaml_) in load_snapshot_files(directory).items()
+    )
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse an --out that would overwrite something, before any host is probed."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError(f"--out {out}: already exists and is not empty; give a new directory")
+    if not out.parent.is_dir():
+        raise InputError(f"--out {out}: its parent directory {out.parent} does not exist")
+
+
+def host_yaml_for(host: HostSpec) -> dict[str, Any]:
+    raw: dict[str, Any] = {"ssh": host.ssh}
+    if host.ips:
+        raw["ips"] = list(host.ips)
+    return raw
+
+
+def write_snapshot(
+    out: Path,
+    files_by_host: Mapping[str, Mapping[str, str | None]],
+    hosts: Sequence[HostSpec] = (),
+) -> Path:
+    """Write each host's files (bytes as probed) and a host.yaml for hosts we know how to reach."""
+    check_out_dir(out)
+    specs = {h.name: h for h in hosts}
+    try:
+        out.mkdir(exist_ok=True)
+        for name, files in files_by_host.items():
+            host_dir = out / name
+            host_dir.mkdir()
+            for file, content in files.items():
+                if content is not None:
+                    (host_dir / file).write_bytes(content.encode("utf-8", "surrogateescape"))
+            if name in specs:
+                (host_dir / HOST_YAML).write_text(yaml.safe_dump(host_yaml_for(specs[name])))
+    except OSError as e:
+        raise InputError(f"--out {out}: cannot write the snapshot ({e.strerror})") from None
+    return out

@@ -1,0 +1,153 @@
+"""Decode speed of `mlx-cluster launch` next to mlx-lm's own, measured side by side.
+
+    .venv/bin/python scripts/bench_runtime.py [--reps 3] [--tokens 128] [--layers 8 --hidden 512]
+
+Two comparisons on one tiny-but-real random-weight model (built offline), repetitions
+interleaved (ours, theirs, ours, theirs, ...) so load drifts hit both alike:
+  1. `launch --local 1` vs plain mlx_lm.stream_generate in one process   (goal >= 0.97x)
+  2. `launch --local 2 --strategy tensor` vs
+     `mlx.launch -n 2 -- python -m mlx_lm benchmark` on the same ring backend (goal >= 0.95x)
+Prints generation tok/s (median over reps), the ratio, and the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = str(ROOT / ".venv" / "bin" / "python")
+BIN = ROOT / ".venv" / "bin"
+PROMPT = "Write a short poem about the sea, the wind and the mountains in the morning light"
+TIMEOUT_S = 600
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        done = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True)
+        cpu = done.stdout.strip() or cpu
+    import mlx.core as mx
+
+    device = "GPU (Metal)" if mx.metal.is_available() else "CPU"
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()}, MLX on {device}"
+
+
+def _run(argv: list[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
+    if done.returncode != 0:
+        sys.exit(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def ours(model: Path, ranks: int, tokens: int) -> float:
+    out = _run([
+        str(BIN / "mlx-cluster"), "launch", "--local", str(ranks), "--strategy", "tensor",
+        "--model", str(model), "--prompt", PROMPT, "--max-tokens", str(tokens),
+        "--ignore-chat-template", "--json",
+    ])  # fmt: skip
+    return float(json.loads(out)["generation_tps"])
+
+
+def plain_stream_generate(model: Path, tokens: int) -> float:
+    out = _run([PY, __file__, "--plain-reference", str(model), "--tokens", str(tokens)])
+    return float(json.loads(out)["generation_tps"])
+
+
+def mlx_lm_benchmark(model: Path, tokens: int) -> float:
+    # mlx_lm.benchmark: random prompt ids, EOS disabled, a warm-up, then timed trials.
+    out = _run([
+        str(BIN / "mlx.launch"), "-n", "2", "--", PY, "-m", "mlx_lm", "benchmark",
+        "--model", str(model), "-p", "32", "-g", str(tokens), "-n", "1",
+    ])  # fmt: skip
+    found = re.search(r"Averages:.*generation_tps=([0-9.]+)", out)
+    if found is None:
+        sys.exit(f"no 'Averages:' line in mlx_lm benchmark output:\n{out[-2000:]}")
+    return float(found.group(1))
+
+
+def plain_reference(model: str, tokens: int) -> None:
+    """Child process: plain mlx-lm, the same raw prompt, greedy; print generation tok/s."""
+    from mlx_lm import load, stream_generate
+
+    m, tok = load(model)
+    last = None
+    for last in stream_generate(m, tok, PROMPT, max_tokens=tokens):
+        pass
+    assert last is not None
+    print(json.dumps({"generation_tps": last.generation_tps, "tokens": last.generation_tokens}))
+
+
+def compare(
+    name: str, mine: Callable[[], float], theirs: Callable[[], float], reps: int, goal: float
+) -> tuple[str, float, float, float, float]:
+    a, b = [], []
+    for i in range(reps):
+        a.append(mine())
+        b.append(theirs())
+        print(f"  {name} rep {i + 1}: ours {a[-1]:.1f} tok/s, reference {b[-1]:.1f} tok/s", flush=True)
+    ma, mb = statistics.median(a), statistics.median(b)
+    return name, ma, mb, ma / mb, goal
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--plain-reference", metavar="MODEL", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.plain_reference:
+        plain_reference(args.plain_reference, args.tokens)
+        return
+    sys.path.insert(0, str(ROOT))
+    from cluster.tiny_model import write_tiny_model
+
+    with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
+        model = write_tiny_model(
+            Path(tmp) / "model", layers=args.layers, hidden=args.hidden, heads=8, kv_heads=4,
+            vocab=384,
+        )  # fmt: skip
+        print(f"model: llama, {args.layers} layers, hidden {args.hidden}; {args.tokens} tokens")
+        rows = [
+            compare(
+                "1 rank vs stream_generate",
+                lambda: ours(model, 1, args.tokens),
+                lambda: plain_stream_generate(model, args.tokens),
+                args.reps,
+                0.97,
+            ),
+            compare(
+                "2 ranks tensor vs mlx.launch -n 2 mlx_lm benchmark",
+                lambda: ours(model, 2, args.tokens),
+                lambda: mlx_lm_benchmark(model, args.tokens),
+                args.reps,
+                0.95,
+            ),
+        ]
+    print(f"\nmachine: {machine()}")
+    print(f"{'comparison':<52} {'ours':>9} {'reference':>10} {'ratio':>7} {'goal':>6}")
+    for name, a, b, ratio, goal in rows:
+        mark = "ok" if ratio >= goal else "below"
+        print(f"{name:<52} {a:>9.1f} {b:>10.1f} {ratio:>6.3f}x {goal:>5.2f}x {mark}")
+
+
+if __name__ == "__main__":
+    main()

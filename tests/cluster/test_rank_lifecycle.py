@@ -1,0 +1,171 @@
+"""A rank's life outside the happy path: input errors, failures, a stuck peer, a lost launcher."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rankrun import ROOT, Ranks, ring_jobs, run_ranks
+
+from cluster.job import parse_event
+from cluster.load import check_shapes
+
+
+def only_error(rank_events: list[dict]) -> dict:
+    errors = [e for e in rank_events if e["event"] == "error"]
+    assert len(errors) == 1, rank_events
+    return errors[0]
+
+
+def test_kv_heads_that_do_not_split_fail_before_any_forward(tiny: Callable[[str], Path]) -> None:
+    ranks = run_ranks(ring_jobs(2, tiny("kv3"), "tensor", prompt="hi", max_tokens=4), timeout=60)
+    for rank in ranks:
+        error = only_error(rank.events)
+        assert rank.proc.returncode == 2
+        assert error["kind"] == "input" and error["stage"] == "load"
+        assert "3 KV heads do not split" in error["message"]
+        assert "--strategy pipeline" in error["message"]
+        assert rank.event("decode") is None and rank.event("loading") is None
+        assert rank.stderr == []  # one line, no traceback
+
+
+def test_missing_model_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    ranks = run_ranks(ring_jobs(1, tmp_path / "nowhere", prompt="hi"), timeout=60)
+    error = only_error(ranks[0].events)
+    assert ranks[0].proc.returncode == 2 and "not found" in error["message"]
+    assert ranks[0].stderr == [] and ranks[0].text == ""
+
+
+def test_bad_job_line_and_unknown_mode_exit_2(tiny: Callable[[str], Path]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "cluster.rank"],
+        input='{"rank": 0, "oops": 1}\n',
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "bad job line" in parse_event(lines[0])["message"]
+    job = replace(ring_jobs(1, tiny("llama"))[0], mode="serve")
+    ranks = run_ranks([job], timeout=60)
+    assert (
+        ranks[0].proc.returncode == 2 and "mode 'serve'" in only_error(ranks[0].events)["message"]
+    )
+
+
+def test_jaccl_job_reaches_mlx_and_reports_its_failure(tiny: Callable[[str], Path]) -> None:
+    """No RDMA here: the env and files are set (see test_rank_env) and MLX's refusal is one line."""
+    jobs = ring_jobs(2, tiny("llama"))
+    matrix = '[[null, "rdma_en3"], ["rdma_en3", null]]'
+    job = replace(
+        jobs[0],
+        backend="jaccl",
+        files={"MLX_IBV_DEVICES": matrix},
+        env={"MLX_JACCL_COORDINATOR": "127.0.0.1:1"},
+    )
+    ranks = run_ranks([job], timeout=60)
+    error = only_error(ranks[0].events)
+    assert ranks[0].proc.returncode == 1 and error["stage"] == "init"
+    assert error["message"].startswith("RuntimeError: jaccl init failed on rank 0")
+    assert ranks[0].stderr == []
+
+
+def test_a_failing_rank_reports_and_its_peer_does_not_hang(tiny: Callable[[str], Path]) -> None:
+    jobs = ring_jobs(
+        2,
+        tiny("llama"),
+        prompt="hi",
+        max_tokens=50,
+        options={"fail_at_token": {"rank": 1, "token": 3}},
+    )
+    started = time.monotonic()
+    ranks = run_ranks(jobs, timeout=60)
+    assert time.monotonic() - started < 30
+    error = only_error(ranks[1].events)
+    assert ranks[1].proc.returncode == 1 and error["stage"] == "decode"
+    assert "failing at token 3" in error["message"] and error["where"].startswith("generate.py:")
+    assert ranks[0].proc.returncode == 1  # ring notices the closed sockets
+    assert "connection" in only_error(ranks[0].events)["message"]
+
+
+def test_watchdog_runs_while_the_main_thread_waits_on_a_stopped_peer(
+    tiny: Callable[[str], Path],
+) -> None:
+    """SIGSTOP rank 1 mid-decode: rank 0 blocks in a collective, yet its heartbeat thread keeps
+    reporting (with a growing progress age) and it exits as soon as its stdin closes."""
+    jobs = ring_jobs(
+        2,
+        tiny("llama"),
+        prompt="hi",
+        max_tokens=100000,
+        heartbeat_s=0.2,
+        options={"token_delay_s": 0.02},
+    )
+    ranks = Ranks(jobs)
+    try:
+        r0, r1 = ranks.ranks
+        assert ranks.wait_for(lambda: any(e.get("tokens", 0) >= 3 for e in r0.events), 60)
+        os.kill(r1.proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        time.sleep(2.5)
+        beats = [e for e in r0.events if e["event"] == "heartbeat"]
+        assert beats[-1]["progress_age_s"] > 1.5  # stuck in the collective...
+        assert r0.proc.poll() is None  # ...but alive and beating
+        assert len(beats) >= 5
+        assert r0.proc.stdin is not None
+        r0.proc.stdin.close()  # the launcher is gone
+        closed = time.monotonic()
+        assert r0.proc.wait(5) == 3
+        assert time.monotonic() - closed < 2
+        assert time.monotonic() - stopped < 10
+    finally:
+        for rank in ranks.ranks:
+            if rank.proc.poll() is None:
+                os.killpg(rank.proc.pid, signal.SIGKILL)
+                os.kill(rank.proc.pid, signal.SIGCONT)
+        ranks.finish(10)
+
+
+@pytest.mark.parametrize(
+    ("config", "strategy", "size", "split", "message"),
+    [
+        ({"num_attention_heads": 6}, "tensor", 4, None, "6 attention heads do not split"),
+        ({"num_key_value_heads": 2}, "tensor", 4, None, "2 KV heads do not split"),
+        ({"intermediate_size": 300}, "tensor", 8, None, "intermediate size 300 does not split"),
+        (
+            {"hidden_size": 768, "quantization": {"group_size": 128, "bits": 4}},
+            "tensor",
+            4,
+            None,
+            "attention output slice (192) is not a multiple of the quantization group size 128",
+        ),
+        ({}, "pipeline", 4, (2, 2, 2), "must give each of 4 ranks at least one layer"),
+        ({}, "pipeline", 2, (0, 4), "at least one layer"),
+        ({"num_hidden_layers": 2}, "pipeline", 3, None, "needs at least 3 layers"),
+        ({}, "sideways", 2, None, "unknown strategy"),
+    ],
+)
+def test_shapes_are_checked_from_the_config(
+    config: dict, strategy: str, size: int, split: tuple[int, ...] | None, message: str
+) -> None:
+    from topology.errors import InputError
+
+    base = {
+        "num_hidden_layers": 4,
+        "hidden_size": 1024,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "intermediate_size": 2048,
+    }
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_shapes({**base, **config}, strategy, size, split)
+    check_shapes(base, "tensor", 8, None)  # the base itself splits 8 ways

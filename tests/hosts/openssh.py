@@ -1,0 +1,87 @@
+"""Keys, configs and known_hosts for the emulated hosts' real OpenSSH servers.
+
+Every file lives in the harness's temp dir: one client key pair (the test process's identity),
+one host key per host, and a known_hosts listing every host address with its key, so clients
+run with StrictHostKeyChecking=yes exactly like a user who has verified their Macs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"  # sshd re-executes itself, so it must be started by absolute path
+PRIVSEP_DIR = Path("/run/sshd")  # Debian's sshd refuses to start without it
+
+
+def keygen(path: Path, comment: str) -> str:
+    """Create an ed25519 key pair without a passphrase at `path`; return the public key line."""
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def sshd_config(
+    state_dir: Path, host_key: Path, authorized_keys: Path, listen: Sequence[str]
+) -> Path:
+    """Write the sshd_config for one host: key-only root login, files in temp dirs."""
+    lines = [
+        *(f"ListenAddress {addr}:22" for addr in listen),
+        f"HostKey {host_key}",
+        f"PidFile {state_dir / 'sshd.pid'}",
+        f"AuthorizedKeysFile {authorized_keys}",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        # PAM would want a login session set-up this container lacks; temp dirs fail StrictModes.
+        "UsePAM no",
+        "StrictModes no",
+        "X11Forwarding no",
+        "PrintMotd no",
+        "PrintLastLog no",
+        "LogLevel INFO",
+        # Multi-host tests open several sessions per host at once (probe, reachability, ranks).
+        "MaxStartups 50:30:100",
+        "MaxSessions 50",
+    ]
+    path = state_dir / "sshd_config"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def check_config(config: Path) -> None:
+    """`sshd -t`: fail early with sshd's own words when the config is unusable."""
+    PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
+    done = subprocess.run(
+        [SSHD, "-t", "-f", str(config)], capture_output=True, text=True, timeout=30
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"sshd -t {config}: {done.stderr.strip()}")
+
+
+def known_hosts_line(addresses: Sequence[str], host_pub: str) -> str:
+    """One known_hosts line: every address of a host, then its key type and key."""
+    key_type, key = host_pub.split()[:2]
+    return f"{','.join(addresses)} {key_type} {key}"
+
+
+def client_options(client_key: Path, known_hosts: Path, connect_timeout: int = 5) -> list[str]:
+    """The ssh options a user's cluster file would carry for these hosts."""
+    return [
+        "-i",
+        str(client_key),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"ConnectTimeout={connect_timeout}",
+    ]

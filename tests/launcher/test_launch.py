@@ -1,0 +1,138 @@
+"""`mlx-cluster launch` end to end with real local ranks, its JSON contract, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from launch_helpers import LAUNCH_TIMEOUT_S, MLX_CLUSTER, PROMPT, ROOT, tiny_model
+
+__all__ = ["tiny_model"]  # the fixture
+
+JSON_FIELDS = {
+    "text": str,
+    "tokens": list,
+    "prompt_tps": float,
+    "generation_tps": float,
+    "peak_memory_bytes": list,
+    "strategy": str,
+    "backend": str,
+    "ranks": int,
+}
+
+
+def cli(*args: str, timeout_s: float = LAUNCH_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [MLX_CLUSTER, *args], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT
+    )
+
+
+def launch_json(model: Path, *args: str, max_tokens: int = 12) -> dict[str, Any]:
+    done = cli(
+        "launch", *args, "--model", str(model), "--prompt", PROMPT,
+        "--max-tokens", str(max_tokens), "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, f"--json must print exactly one line, got {lines}"
+    out: dict[str, Any] = json.loads(lines[0])
+    return out
+
+
+@pytest.fixture(scope="module")
+def single(tiny_model: Path) -> dict[str, Any]:
+    return launch_json(tiny_model, "--local", "1")
+
+
+def test_local_1_streams_text_then_a_summary_line(tiny_model: Path) -> None:
+    done = cli(
+        "launch", "--local", "1", "--model", str(tiny_model), "--prompt", PROMPT,
+        "--max-tokens", "12",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    *text, summary = done.stdout.rstrip("\n").split("\n")
+    assert "".join(text).strip(), "no generated text before the summary"
+    assert summary.startswith("prompt: ")
+    assert "generation: 12 tokens" in summary and "tok/s" in summary
+    assert "peak memory: rank 0 " in summary
+    assert done.stderr == ""
+
+
+def test_json_line_has_every_contract_field(single: dict[str, Any]) -> None:
+    for name, kind in JSON_FIELDS.items():
+        assert isinstance(single[name], kind), f"{name}: {single.get(name)!r}"
+    assert len(single["tokens"]) == 12 and all(isinstance(t, int) for t in single["tokens"])
+    assert single["ranks"] == 1 and len(single["peak_memory_bytes"]) == 1
+    assert single["prompt_tps"] > 0 and single["generation_tps"] > 0
+
+
+@pytest.mark.parametrize("strategy", ["tensor", "pipeline"])
+def test_local_2_gives_the_single_rank_tokens(
+    tiny_model: Path, single: dict[str, Any], strategy: str
+) -> None:
+    two = launch_json(tiny_model, "--local", "2", "--strategy", strategy)
+    assert two["tokens"] == single["tokens"]
+    assert two["text"] == single["text"]
+    assert (two["strategy"], two["backend"], two["ranks"]) == (strategy, "ring", 2)
+    assert len(two["peak_memory_bytes"]) == 2
+    assert all(0 < b < 1 << 40 for b in two["peak_memory_bytes"]), two["peak_memory_bytes"]
+
+
+def test_plan_dir_from_the_plan_command(
+    tiny_model: Path, single: dict[str, Any], tmp_path: Path
+) -> None:
+    planned = cli(
+        "plan", "--local", "2", "--model", str(tiny_model), "--strategy", "pipeline",
+        "--out", str(tmp_path / "p"),
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    done = cli("launch", "--plan", str(tmp_path / "p"), "--prompt", PROMPT, "--max-tokens", "12", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert (out["strategy"], out["ranks"]) == ("pipeline", 2)
+    assert out["tokens"] == single["tokens"]
+
+
+def test_no_valid_plan_exits_1_with_the_reason(tiny_model: Path) -> None:
+    # 4 heads do not split over 3 ranks.
+    done = cli(
+        "launch", "--local", "3", "--strategy", "tensor", "--model", str(tiny_model),
+        "--prompt", PROMPT,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "no valid plan" in done.stderr and "3" in done.stderr
+
+
+def _bad_inputs(model: Path, tmp: Path) -> list[list[str]]:
+    m = ["--model", str(model), "--prompt", PROMPT]
+    (tmp / "empty").mkdir()
+    return [
+        ["--local", "0", *m],
+        ["--local", "2", "--model", str(tmp / "missing"), "--prompt", PROMPT],
+        ["--local", "1", "--model", str(tmp / "empty"), "--prompt", PROMPT],
+        ["--local", "1", *m, "--max-tokens", "0"],
+        ["--local", "1", *m, "--top-p", "1.5"],
+        ["--local", "1", *m, "--temp", "-1"],
+        ["--local", "1", *m, "--rank-timeout", "0"],
+        ["--local", "1", *m, "--strategy", "diagonal"],
+        ["--local", "2", *m, "--backend", "jaccl"],
+        ["--local", "1", "--plan", str(tmp), *m],
+        m,
+        ["--local", "1", "--prompt", PROMPT],
+        [str(tmp / "nope.yaml"), *m],
+        ["--plan", str(tmp / "empty"), "--prompt", PROMPT],
+    ]
+
+
+def test_bad_input_is_one_line_and_exit_2(tiny_model: Path, tmp_path: Path) -> None:
+    for args in _bad_inputs(tiny_model, tmp_path):
+        done = cli("launch", *args, timeout_s=60)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("mlx-cluster: error:"), (args, lines)
+        assert "Traceback" not in done.stderr and done.stdout == ""

@@ -1,0 +1,277 @@
+"""Plans for the reference models on synthesized Macs (real snapshot text → check → plan)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+import synth
+from conftest import FIXTURES
+
+from topology.chips import GIB, max_wired_bytes
+from topology.facts import CheckResult, HostFacts
+from topology.model_spec import ModelSpec, spec_from_config
+from topology.placement import Slot, split_layers, tensor_blockers
+from topology.plan import Plan, model_problems, plan_cluster, plan_local
+from topology.problems import check
+
+LLAMA = "llama-3.3-70b-instruct-bf16"
+QWEN_MOE = "qwen3-235b-a22b-4bit"
+DEEPSEEK = "deepseek-v3-4bit"
+QWEN_DENSE = "qwen3-32b-8bit"
+
+
+def config(name: str) -> dict[str, Any]:
+    return dict(json.loads((FIXTURES / "models" / name / "config.json").read_text()))
+
+
+def spec(name: str, **change: Any) -> ModelSpec:
+    return spec_from_config({**config(name), **change}, source=name)
+
+
+def checked(c: synth.Cluster, backend: str = "auto") -> CheckResult:
+    return check(c.facts(), backend)
+
+
+def codes(plan: Plan, severity: str | None = None) -> list[str]:
+    return [p.code for p in plan.problems if severity is None or p.severity == severity]
+
+
+def test_llama_70b_bf16_tensor_over_4_m3_ultras() -> None:
+    plan = plan_cluster(checked(synth.mesh(4)), spec(LLAMA))
+    assert plan.ok and plan.strategy == "tensor" and plan.backend == "jaccl"
+    assert [r.layers for r in plan.ranks] == [(0, 80)] * 4
+    assert "tp_not_divisible" not in codes(plan)
+    s = spec(LLAMA)
+    quarter = s.weight_bytes / 4
+    for r in plan.ranks:  # a quarter of the layers' weights + the full embedding and head
+        assert quarter < r.weight_bytes < quarter + s.outside_layers_bytes + 1
+        assert r.memory_needed_bytes <= (r.memory_usable_bytes or 0)
+    assert plan.predicted_decode_tok_s is not None and plan.roofline_decode_tok_s is not None
+    assert 0 < plan.predicted_decode_tok_s < plan.roofline_decode_tok_s
+
+
+def test_llama_70b_over_3_is_not_divisible_so_auto_picks_pipeline() -> None:
+    result = checked(synth.mesh(3))
+    plan = plan_cluster(result, spec(LLAMA))
+    assert plan.ok and plan.strategy == "pipeline" and plan.world_size == 3
+    assert plan.reason.startswith("tensor over 3 would need 64 attention heads % 3 == 0")
+    assert plan.reason.endswith("pipeline over 3 instead")
+    assert "tp_not_divisible" in codes(plan, "warning")
+    split = plan.layer_split
+    assert split is not None and sum(split) == 80 and min(split) >= 1
+    # mlx-lm's order: rank 0 holds the LAST layers, the last rank the first ones.
+    assert plan.ranks[0].layers[1] == 80 and plan.ranks[-1].layers[0] == 0
+    for a, b in zip(plan.ranks, plan.ranks[1:], strict=False):
+        assert b.layers[1] == a.layers[0]
+    forced = plan_cluster(result, spec(LLAMA), strategy="tensor")
+    assert not forced.ok and forced.ranks == ()
+    bad = next(p for p in forced.problems if p.code == "tp_not_divisible")
+    assert bad.severity == "error" and "8 KV heads % 3" in bad.message
+    assert "2, 4 or 8 hosts" in bad.fix
+
+
+def test_qwen3_235b_has_4_kv_heads_so_tensor_over_8_fails() -> None:
+    result = checked(synth.ring(8))  # 8 M3 Ultras can't form a full mesh (6 ports): a ring
+    assert result.backend == "jaccl-ring"
+    forced = plan_cluster(result, spec(QWEN_MOE), strategy="tensor")
+    assert not forced.ok
+    bad = next(p for p in forced.problems if p.code == "tp_not_divisible")
+    assert "4 KV heads % 8 == 0" in bad.message and "first token" in bad.message
+    assert "64 attention heads" not in bad.message  # 64 % 8 == 0: not a problem
+    auto = plan_cluster(result, spec(QWEN_MOE))
+    assert auto.ok and auto.strategy == "pipeline" and auto.backend == "jaccl-ring"
+    over_4 = plan_cluster(checked(synth.mesh(4)), spec(QWEN_MOE))
+    assert over_4.ok and over_4.strategy == "tensor"
+
+
+def test_deepseek_v3_does_not_fit_one_256gb_ultra_but_fits_tensor_over_two_512gb() -> None:
+    small = plan_cluster(checked(synth.cluster(1, memory_gb=256)), spec(DEEPSEEK))
+    assert not small.ok and codes(small, "error") == ["model_does_not_fit"]
+    problem = small.problems[0]
+    assert "192 GiB usable of 256 GiB" in problem.message
+    assert "more hosts" in problem.fix and "3-bit" in problem.fix
+    assert "wired_limit_mb" not in problem.fix  # 352 GiB can never be wired on a 256 GiB Mac
+    two = plan_cluster(checked(synth.mesh(2)), spec(DEEPSEEK))
+    assert two.ok and two.strategy == "tensor" and two.world_size == 2
+    # MLA: the latent KV cache is not split across tensor ranks.
+    assert two.ranks[0].kv_cache_bytes == spec(DEEPSEEK).kv_bytes_per_token * 4096
+
+
+def test_wired_limit_fix_is_concrete_and_makes_it_fit() -> None:
+    c = synth.mesh(2, memory_gb=192)
+    plan = plan_cluster(check(c.facts()), spec(DEEPSEEK), strategy="tensor")
+    assert not plan.ok
+    fix = next(p for p in plan.problems if p.code == "model_does_not_fit").fix
+    assert fix.count("sudo sysctl iogpu.wired_limit_mb=") == 2
+    mb = int(fix.split("iogpu.wired_limit_mb=")[1].split("`")[0])
+    assert mb * (1 << 20) <= max_wired_bytes(192 * GIB)
+    raised = tuple(dataclasses.replace(h, wired_limit_bytes=mb << 20) for h in c.facts())
+    fixed = plan_cluster(check(raised), spec(DEEPSEEK), strategy="tensor")
+    assert fixed.ok, fixed.problems
+
+
+def test_pipeline_splits_in_proportion_to_memory_on_mixed_macs() -> None:
+    c = synth.Cluster(
+        [
+            synth.SynthHost("studio", "m3-ultra"),
+            synth.SynthHost("max", "m4-max"),
+            synth.SynthHost("mini", "m4-pro-mini"),
+        ]
+    )
+    for a, b in (("studio", "max"), ("max", "mini"), ("mini", "studio")):
+        c.cable(a, b)
+    plan = plan_cluster(check(c.facts()), spec(QWEN_MOE))
+    assert plan.ok and plan.strategy == "pipeline"  # 64 heads % 3: no tensor
+    counts = {r.host: r.layers[1] - r.layers[0] for r in plan.ranks}
+    assert counts["studio"] > counts["max"] > counts["mini"] >= 1
+    for r in plan.ranks:
+        assert r.memory_needed_bytes <= (r.memory_usable_bytes or 0)
+    assert {r.host: r.bandwidth_gbs for r in plan.ranks} == {"studio": 819, "max": 546, "mini": 273}
+
+
+def test_split_gives_every_rank_a_layer_and_falls_back_to_greedy_fill() -> None:
+    s = spec(QWEN_DENSE)
+    slots = [Slot(f"h{i}", f"h{i}", 40 * GIB, 64 * GIB, 273.0) for i in range(4)]
+    split = split_layers(s, slots, 4096)
+    assert sum(split) == 64 and len(split) == 4 and min(split) >= 1
+    lopsided = [Slot("big", "big", 400 * GIB, 512 * GIB, 819.0), *slots[:2]]
+    split = split_layers(s, lopsided, 4096)
+    assert split[0] > split[1] and min(split) >= 1
+
+
+def test_group_size_rule_for_quantized_tensor_parallel() -> None:
+    s = spec(QWEN_DENSE, intermediate_size=12352)  # 12352 / 2 = 6176, not a multiple of 64
+    rules = tensor_blockers(s, 2)
+    assert rules == [
+        "MLP width (intermediate_size) 12352 / 2 = 6176 to be a multiple of group size 64"
+    ]
+    unquantized = {k: v for k, v in config(QWEN_DENSE).items() if k != "quantization"}
+    assert tensor_blockers(spec_from_config({**unquantized, "intermediate_size": 12352}), 2) == []
+
+
+def test_model_without_tensor_parallel_in_mlx_lm_uses_pipeline() -> None:
+    plan = plan_cluster(checked(synth.mesh(2)), spec(QWEN_DENSE, model_type="mixtral_like"))
+    assert plan.ok and plan.strategy == "pipeline"
+    assert "tp_unsupported" in codes(plan, "warning")
+
+
+def test_prediction_follows_the_physics() -> None:
+    qwen = spec(QWEN_MOE)
+    one = plan_cluster(checked(synth.cluster(1)), qwen)
+    two = plan_cluster(checked(synth.mesh(2)), qwen, strategy="tensor")
+    tcp = plan_cluster(checked(synth.mesh(2), "ring"), qwen, strategy="tensor", backend="ring")
+    pipe = plan_cluster(checked(synth.mesh(2)), qwen, strategy="pipeline")
+    speeds = [p.predicted_decode_tok_s or 0.0 for p in (one, two, tcp, pipe)]
+    assert all(p.ok for p in (one, two, tcp, pipe))
+    assert speeds[1] > speeds[0] > speeds[3]  # tensor scales; pipeline adds hops, no speed
+    assert speeds[2] < speeds[1] / 2  # TCP collectives cost far more than RDMA ones
+    for p in (one, two, tcp, pipe):
+        assert (p.predicted_decode_tok_s or 0) <= (p.roofline_decode_tok_s or 0)
+
+
+def test_exo_figures_are_reproduced_within_5_percent() -> None:
+    """The fitted constants reproduce the published 4× M3 Ultra runs (RDMA, tensor)."""
+    qwen8 = spec(QWEN_MOE, quantization={"bits": 8, "group_size": 64})
+    for model, published in ((qwen8, (19.5, 26.2, 31.9)), (spec(DEEPSEEK), (21.1, 27.8, 32.5))):
+        for n, figure in zip((1, 2, 4), published, strict=True):
+            plan = plan_cluster(checked(synth.mesh(n)), model, strategy="tensor", context=512)
+            assert plan.predicted_decode_tok_s == pytest.approx(figure, rel=0.05)
+
+
+def test_ring_backend_orders_ranks_around_the_cabled_ring() -> None:
+    c = synth.cluster(4, rdma=False)
+    for a, b in (
+        ("studio-a", "studio-c"),
+        ("studio-c", "studio-b"),
+        ("studio-b", "studio-d"),
+        ("studio-d", "studio-a"),
+    ):
+        c.cable(a, b)
+    result = check(c.facts(), "ring")
+    plan = plan_cluster(result, spec(QWEN_MOE), backend="ring")
+    assert plan.ok and [r.host for r in plan.ranks] == [
+        "studio-a",
+        "studio-c",
+        "studio-b",
+        "studio-d",
+    ]
+    facts = {h.name: h for h in result.hosts}
+    for i, r in enumerate(plan.ranks):
+        left = plan.ranks[i - 1].host
+        cable = next(k for k in result.links if {k.a, k.b} == {r.host, left})
+        iface = cable.iface_of(r.host)
+        assert iface is not None
+        assert r.ip in [a.ip for a in facts[r.host].addrs_of(iface)]  # its /30 on that cable
+
+
+def test_jaccl_without_a_coordinator_address_is_refused() -> None:
+    plan = plan_cluster(checked(synth.mesh(2, lan_ip=None)), spec(QWEN_DENSE))
+    assert not plan.ok and "no_rank_address" in codes(plan, "error")
+    with_ips = synth.mesh(2, lan_ip=None)
+    with_ips.hosts[0].ips = ("10.1.0.1",)
+    plan = plan_cluster(checked(with_ips), spec(QWEN_DENSE))
+    assert plan.ok and plan.ranks[0].ip == "10.1.0.1"
+
+
+def test_broken_cluster_blocks_a_forced_backend_but_auto_falls_back() -> None:
+    c = synth.mesh(3)
+    c.host("studio-b").rdma = False
+    forced = plan_cluster(check(c.facts(), "jaccl"), spec(QWEN_MOE), backend="jaccl")
+    assert not forced.ok and "rdma_disabled" in codes(forced, "error")
+    auto = plan_cluster(check(c.facts()), spec(QWEN_MOE))
+    assert auto.ok and auto.backend == "ring" and "rdma_disabled" in codes(auto, "warning")
+
+
+def test_local_ranks_share_this_machine() -> None:
+    me = HostFacts(name="localhost", ssh="127.0.0.1", memory_bytes=64 * GIB, chip="Apple M4 Max")
+    plan = plan_local(me, 2, spec(QWEN_DENSE))
+    assert plan.ok and plan.local and plan.backend == "ring" and plan.strategy == "tensor"
+    assert [r.ip for r in plan.ranks] == ["127.0.0.1", "127.0.0.1"]
+    assert [r.memory_usable_bytes for r in plan.ranks] == [24 * GIB, 24 * GIB]  # 75% of 64, /2
+    assert [r.bandwidth_gbs for r in plan.ranks] == [273.0, 273.0]  # 546 GB/s shared
+    unknown = plan_local(HostFacts(name="localhost", memory_bytes=64 * GIB), 1, spec(QWEN_DENSE))
+    assert any("assumed" in a for a in unknown.assumptions)
+    with pytest.raises(ValueError):
+        plan_local(me, 0, spec(QWEN_DENSE))
+
+
+def test_model_problems_for_topology_check() -> None:
+    assert model_problems(checked(synth.mesh(4)), spec(LLAMA), 4096) == []
+    over_3 = model_problems(checked(synth.mesh(3)), spec(LLAMA), 4096)
+    assert [(p.code, p.severity) for p in over_3] == [("tp_not_divisible", "warning")]
+    big = model_problems(checked(synth.cluster(1, memory_gb=256)), spec(DEEPSEEK), 4096)
+    assert [(p.code, p.severity) for p in big] == [("model_does_not_fit", "error")]
+    strict = model_problems(checked(synth.mesh(3)), spec(LLAMA), 4096, strategy="tensor")
+    assert [(p.code, p.severity) for p in strict] == [("tp_not_divisible", "error")]
+
+
+def test_plan_json_round_trips_with_the_contract_fields() -> None:
+    plan = plan_cluster(checked(synth.mesh(3)), spec(LLAMA))
+    raw = json.loads(json.dumps(plan.to_json()))
+    for key in ("strategy", "backend", "ranks", "predicted_decode_tok_s", "reason", "problems"):
+        assert key in raw
+    assert set(raw["ranks"][0]) >= {"rank", "host", "layers", "ip", "memory_needed_bytes"}
+    assert raw["layer_split"] == list(plan.layer_split or ())
+    assert Plan.from_json(raw) == plan
+
+
+def test_linux_hosts_plan_over_ring_with_their_addresses() -> None:
+    c = synth.cluster(2, linux=True)
+    plan = plan_cluster(check(c.facts()), spec(QWEN_DENSE))
+    assert plan.ok and plan.backend == "ring"
+    assert [r.ip for r in plan.ranks] == ["10.9.0.10", "10.9.0.11"]  # eth0, same subnet
+    assert any("not a Mac" in a and "not checked" in a for a in plan.assumptions)
+
+
+def test_point_to_point_ips_pick_the_cable_to_the_left_neighbour() -> None:
+    """Linux hosts cabled in a triangle, /30 per cable, known only from the cluster file's ips."""
+    c = synth.cluster(3, linux=True)
+    c.hosts[0].ips = ("10.0.0.1", "10.0.2.2")  # a-b, c-a
+    c.hosts[1].ips = ("10.0.0.2", "10.0.1.1")  # a-b, b-c
+    c.hosts[2].ips = ("10.0.1.2", "10.0.2.1")  # b-c, c-a
+    plan = plan_cluster(check(c.facts(), "ring"), spec(QWEN_DENSE), backend="ring")
+    assert plan.ok
+    assert [r.ip for r in plan.ranks] == ["10.0.2.2", "10.0.0.2", "10.0.1.2"]
