@@ -80,7 +80,7 @@ def _bench(job: RankJob, group: Any, reporter: Reporter) -> None:
     mx.eval(ids)
     mx.reset_peak_memory()  # the peak of inference: weights + KV cache + activations
     timed: list[list[float]] = []
-    with wired_limit(shard.model, [generation_stream]):
+    with wired_limit(shard.model, [generation_stream]):  # type: ignore[list-item]
         for trial in range(warmup + trials):
             times = _timed_decode(shard.model, ids, gen_tokens, job.rank, reporter.emit)
             # generate_step runs one step ahead: let its collectives finish before any other.

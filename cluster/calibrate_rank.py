@@ -15,11 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from cluster.job import RankJob
 from topology.errors import InputError
 
-DTYPE = mx.float16  # 2 bytes per element, like the bf16/fp16 hidden state
+DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
+# Large enough that the read takes far longer than launching the reduction.
+GPU_BANDWIDTH_BYTES, CPU_BANDWIDTH_BYTES = 1 << 30, 256 << 20
 
 
 def _int(job: RankJob, name: str, default: int) -> int:
@@ -29,9 +32,9 @@ def _int(job: RankJob, name: str, default: int) -> int:
     return value
 
 
-def all_reduce_s(group: Any, size_bytes: int, repeats: int) -> float:
+def all_reduce_s(group: Any, size_bytes: int, repeats: int, dtype: mx.Dtype) -> float:
     """Median seconds of one all_sum of size_bytes (after a few untimed ones)."""
-    x = mx.ones((max(1, size_bytes // 2),), dtype=DTYPE)
+    x = mx.ones((max(1, size_bytes // dtype.size),), dtype=dtype)
     mx.eval(x)
     for _ in range(3):
         mx.eval(mx.distributed.all_sum(x, group=group))
@@ -64,7 +67,7 @@ def gather_floats(value: float, group: Any) -> list[float]:
     slots[group.rank()] = value
     summed = mx.distributed.all_sum(slots, group=group, stream=mx.cpu)
     mx.eval(summed)
-    return [float(v) for v in summed.tolist()]
+    return [float(v) for v in np.asarray(summed).reshape(-1)]
 
 
 def calibrate(job: RankJob, group: Any, emit: Callable[..., None]) -> None:
@@ -72,19 +75,23 @@ def calibrate(job: RankJob, group: Any, emit: Callable[..., None]) -> None:
 
     small = _int(job, "small_bytes", 16384)
     large = _int(job, "large_bytes", 32 << 20)
+    dtype = DTYPES.get(str(job.options.get("dtype", "bfloat16")))
+    if dtype is None:
+        raise InputError(f"calibrate job option dtype must be one of {', '.join(DTYPES)}")
     measure = job.options.get("bandwidth_ranks", list(range(job.world_size)))
     if not isinstance(measure, list) or not all(isinstance(r, int) for r in measure):
         raise InputError("calibrate job option bandwidth_ranks must be a list of ranks")
     links: dict[str, Any] = {}
     if group is not None:
         emit("progress", stage="calibrate", step="all_reduce", bytes=small)
-        links["small_s"] = all_reduce_s(group, small, _int(job, "small_repeats", 50))
+        links["small_s"] = all_reduce_s(group, small, _int(job, "small_repeats", 50), dtype)
         emit("progress", stage="calibrate", step="all_reduce", bytes=large)
-        links["large_s"] = all_reduce_s(group, large, _int(job, "large_repeats", 5))
+        links["large_s"] = all_reduce_s(group, large, _int(job, "large_repeats", 5), dtype)
     emit("progress", stage="calibrate", step="memory_bandwidth")
     gbs = 0.0
     if job.rank in measure:
-        size = _int(job, "bandwidth_bytes", 512 << 20)
+        gpu = mx.metal.is_available()
+        size = _int(job, "bandwidth_bytes", GPU_BANDWIDTH_BYTES if gpu else CPU_BANDWIDTH_BYTES)
         gbs = memory_bandwidth_gbs(size, _int(job, "bandwidth_repeats", 5))
     bandwidths = gather_floats(gbs, group)
     if job.rank == 0:

@@ -23,6 +23,7 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.job import RankJob
+from topology.errors import InputError
 
 Emit = Callable[..., None]  # emit(event_name, **fields)
 PROGRESS_EVERY_S = 0.5  # a progress event at most this often: cheap next to a token
@@ -33,6 +34,7 @@ class Decoded:
     text: str = ""
     tokens: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
+    generation_tokens: int = 0  # mlx-lm's count: includes an EOS it stopped on
     prompt_tps: float = 0.0
     generation_tps: float = 0.0
     finish_reason: str | None = None
@@ -92,9 +94,11 @@ def decode(
 ) -> Decoded:
     """Run stream_generate; rank 0 streams text to `out` and reports a "result" event."""
     rank0 = job.rank == 0
+    if job.max_tokens == 0 or job.max_tokens < -1:
+        raise InputError(f"max tokens must be positive (or -1: no limit), not {job.max_tokens}")
     ids = share_prompt(prompt_ids(job, tokenizer) if rank0 else None, group)
-    if not ids:
-        raise ValueError("the prompt is empty after tokenization: give a --prompt")
+    if not ids:  # every rank sees the same (empty) ids, so all of them stop here
+        raise InputError("the prompt is empty after tokenization: give a --prompt")
     mx.random.seed(job.seed)
     keep_logits = int(job.options.get("return_logits", 0))
     delay = float(job.options.get("token_delay_s", 0.0))  # lets launcher tests act mid-decode
@@ -131,9 +135,10 @@ def decode(
             time.sleep(delay)
         result.prompt_tps, result.generation_tps = response.prompt_tps, response.generation_tps
         result.finish_reason = response.finish_reason
+        result.generation_tokens = response.generation_tokens
     # generate_step schedules one step ahead; its collectives may still be running on the
     # generation stream and would pair up with ours in a different order on each rank.
-    pass  # mx.synchronize(generation_stream)
+    mx.synchronize(generation_stream)
     result.logits = [np.asarray(row.astype(mx.float32)).tolist() for row in kept]
     result.peak_memory_bytes = int(mx.get_peak_memory())
     peaks = gather_peak_memory(result.peak_memory_bytes, group)
@@ -143,6 +148,7 @@ def decode(
             text=result.text,
             tokens=result.tokens,
             prompt_tokens=result.prompt_tokens,
+            generation_tokens=result.generation_tokens,
             prompt_tps=result.prompt_tps,
             generation_tps=result.generation_tps,
             finish_reason=result.finish_reason,

@@ -55,7 +55,7 @@ def resolve_model(model: str) -> Path:
 
     try:
         return Path(snapshot_download(model, local_files_only=True))
-    except LocalEntryNotFoundError:
+    except (LocalEntryNotFoundError, ValueError):  # ValueError: not a valid repo id
         raise InputError(
             f"model {model} is not downloaded on this host: fetch it first "
             f"(hf download {model}) or give a local folder"
@@ -138,9 +138,13 @@ def load_shard(
 ) -> Shard:
     path = resolve_model(model)
     config = load_config(path)
-    check_shapes(config, strategy, size, split)
-    model_class, _ = _get_classes(config)
-    num_layers = int(config["num_hidden_layers"])
+    arch = _architecture(config, path)
+    check_shapes(arch, strategy, size, split)
+    try:
+        model_class, _ = _get_classes(config)
+    except ValueError as e:  # "Model type X not supported."
+        raise InputError(f"{path}: {e} (by the installed mlx-lm)") from None
+    num_layers = int(arch["num_hidden_layers"])
     pipeline = size > 1 and strategy == "pipeline"
     if size > 1 and strategy == "tensor" and not hasattr(model_class, "shard"):
         raise InputError(
@@ -167,6 +171,15 @@ def load_shard(
     finally:
         shutil.rmtree(view, ignore_errors=True)
     return Shard(net, tokenizer, config, (local.start, local.stop), tuple(files))
+
+
+def _architecture(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The decoder's settings: top level, or text_config for multimodal checkpoints."""
+    arch = {**config.get("text_config", {}), **config}
+    for key in ("num_hidden_layers", "num_attention_heads", "hidden_size"):
+        if not isinstance(arch.get(key), int):
+            raise InputError(f"{path}/config.json has no {key}: not a model mlx-cluster can shard")
+    return arch
 
 
 def _shard(net: nn.Module, group: Any, strategy: str, split: Sequence[int] | None) -> nn.Module:

@@ -6,7 +6,7 @@ the main thread initialises MLX distributed, loads this rank's shard and decodes
 threads keep running while the main thread waits inside an MLX collective (MLX releases the
 GIL there; measured with the ring backend and a SIGSTOPped peer), so a stuck rank still
 exits when the launcher closes its stdin. Exit codes: 0 done, 1 failed, 2 unusable input
-(model, shapes, job), 3 the launcher went away.
+(model, shapes, job), 3 the launcher went away, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -139,6 +139,9 @@ def main() -> int:
     except InputError as e:
         reporter.emit("error", kind="input", stage=reporter.stage, message=str(e))
         return EXIT_INPUT
+    except KeyboardInterrupt:
+        reporter.emit("error", kind="interrupted", stage=reporter.stage, message="interrupted")
+        return 130
     except Exception as e:
         frame = traceback.extract_tb(e.__traceback__)[-1]
         where = f"{os.path.basename(frame.filename)}:{frame.lineno}"
@@ -152,8 +155,8 @@ def main() -> int:
 
 if __name__ == "__main__":
     code = main()
-    sys.stdout.flush()
-    sys.__stdout__.flush() if sys.__stdout__ else None
-    sys.stderr.flush()
+    for stream in (sys.__stdout__, sys.__stderr__):
+        if stream is not None:
+            stream.flush()
     # Skip interpreter teardown: MLX's backend threads must not outlive a failed peer's wait.
     os._exit(code)

@@ -20,7 +20,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.generate import stream_generate
+from mlx_lm.generate import generation_stream, stream_generate
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -70,7 +70,9 @@ def prompt_ids(request: dict[str, Any], tokenizer: TokenizerWrapper) -> list[int
     prompt = str(request.get("prompt", ""))
     # As stream_generate encodes a string: special tokens unless it already starts with BOS.
     bos = tokenizer.bos_token
-    return list(tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos)))
+    return list(
+        tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+    )
 
 
 def broadcast_bytes(payload: bytes | None, group: Any) -> bytes:
@@ -159,6 +161,8 @@ def run_request(
     d: Decoding, model: nn.Module, tokenizer: TokenizerWrapper, emit: Emit, rank: int, delay: float
 ) -> None:
     """Decode one request on this rank; rank 0 emits its text and the final counts."""
+    if rank == 0:
+        emit("begin", id=d.id)
     mx.random.seed(d.seed)
     scanner = StopScanner(d.stop)
     tokens, finish, last_event = 0, "length", time.monotonic()
@@ -187,6 +191,10 @@ def run_request(
             last_event = time.monotonic()
         if delay:
             time.sleep(delay)
+    # Ending early (stop string, end-of-turn) leaves the next step's forward pass, collectives
+    # included, queued on the generation stream: finish it before the next broadcast on the
+    # CPU stream, or the ranks' collectives pair up out of order.
+    mx.synchronize(generation_stream)
     if rank == 0:
         if rest := "" if stopped else scanner.flush():  # text after a stop string is dropped
             emit("delta", id=d.id, text=rest)
@@ -219,7 +227,9 @@ def serve(
             if rank0:
                 emit("ready", world_size=1 if group is None else group.size())
         if data:
-            run_request(Decoding.from_json(json.loads(data)), model, tokenizer, emit, job.rank, delay)
+            run_request(
+                Decoding.from_json(json.loads(data)), model, tokenizer, emit, job.rank, delay
+            )
         elif time.monotonic() - last_event >= PROGRESS_EVERY_S:
             emit("progress", stage="decode", tokens=0, idle=True)
             last_event = time.monotonic()

@@ -13,7 +13,7 @@ import importlib
 import io
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -118,7 +118,7 @@ def write_tiny_model(
     spec.check()
     out = Path(directory)
     _claim_directory(out)
-    (out / MARKER).write_text(json.dumps(spec.__dict__, indent=2))
+    (out / MARKER).write_text(json.dumps(asdict(spec), indent=2))
     tokenizer_json, eos_id, vocab_size = _train_tokenizer(spec.vocab)
     (out / "tokenizer.json").write_text(tokenizer_json)
     (out / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(), indent=2))

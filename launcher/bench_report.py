@@ -8,6 +8,7 @@ of every trial. Speedup and efficiency are against the 1-host run of the same be
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -88,7 +89,7 @@ def measure(result: dict[str, Any]) -> Measured:
         raise ValueError("a bench result needs at least one trial of two or more tokens")
     ttft = [t[0] for t in trials]
     generation = [(len(t) - 1) / max(t[-1] - t[0], 1e-9) for t in trials]
-    gaps = [b - a for t in trials for a, b in zip(t, t[1:], strict=False)]
+    gaps = [b - a for t in trials for a, b in itertools.pairwise(t)]
     return Measured(
         prompt_tps=round(statistics.median(prompt_tokens / max(s, 1e-9) for s in ttft), 2),
         generation_tps=round(statistics.median(generation), 2),
@@ -122,7 +123,7 @@ def with_speedups(rows: Sequence[Row]) -> list[Row]:
             out.append(r)
             continue
         speedup = r.measured.generation_tps / base
-        out.append(replace(r, speedup=round(speedup, 4), efficiency=round(speedup / r.hosts, 4)))
+        out.append(replace(r, speedup=round(speedup, 6), efficiency=round(speedup / r.hosts, 6)))
     return out
 
 
@@ -166,11 +167,11 @@ def markdown_table(rows: Sequence[Row], skipped: Sequence[Skipped]) -> str:
     return "\n".join(lines)
 
 
-def progress_line(index: int, total: int, row: Row, seconds: float) -> str:
+def progress_line(index: int, total: int, label: str, row: Row, seconds: float) -> str:
     m = row.measured
     predicted = _num(row.predicted_decode_tok_s, ".1f")
     return (
-        f"bench [{index}/{total}] {row.strategy} × {row.hosts} ({row.backend}): "
+        f"bench [{index}/{total}] {label} ({row.backend}): "
         f"generation {m.generation_tps:.1f} tok/s, prompt {m.prompt_tps:.1f} tok/s, "
         f"TTFT {m.ttft_s:.3f} s, predicted {predicted} tok/s [{seconds:.1f} s]"
     )

@@ -18,7 +18,7 @@ from launcher.launch_target import local_target
 from launcher.rank_jobs import Generation
 from launcher.supervisor import EXIT_RANK_FAILED, Deadlines
 
-DEMO_MODEL = {"layers": 4, "hidden": 128, "heads": 8, "kv_heads": 4, "seed": 0}
+DEMO_LAYERS, DEMO_HIDDEN, DEMO_HEADS, DEMO_KV_HEADS = 4, 128, 8, 4  # splits over 2 (and 4)
 DEMO_PROMPT = "Write a short poem about the sea"
 
 
@@ -34,7 +34,9 @@ def demo_model() -> Path:
     if (path / MARKER).is_file() and (path / "config.json").is_file():
         return path
     click.echo(f"writing the tiny demo model to {path} ...", err=True)
-    return write_tiny_model(path, **DEMO_MODEL)
+    return write_tiny_model(
+        path, layers=DEMO_LAYERS, hidden=DEMO_HIDDEN, heads=DEMO_HEADS, kv_heads=DEMO_KV_HEADS
+    )
 
 
 @click.command("demo")

@@ -198,9 +198,13 @@ def _unreachable(cluster: ClusterSpec | None) -> int:
 
 @click.command("launch")
 @click.argument("cluster_file", required=False, metavar="[CLUSTER.yaml]")
-@click.option("--local", type=int, help="Run N ranks on this machine (ring over 127.0.0.1).")
-@click.option("--plan", "plan_dir", help="Use plan.json + hostfile.json from `plan --out DIR`.")
-@click.option("--model", help="Model directory or Hugging Face repo id.")
+@click.option(
+    "--local", type=int, metavar="N", help="Run N ranks on this machine (ring over 127.0.0.1)."
+)
+@click.option(
+    "--plan", "plan_dir", metavar="DIR", help="Use plan.json + hostfile.json from `plan --out DIR`."
+)
+@click.option("--model", metavar="M", help="Model directory or Hugging Face repo id.")
 @click.option("--prompt", required=True, help="The prompt.")
 @click.option("--max-tokens", type=int, default=100, show_default=True)
 @click.option("--temp", type=float, default=0.0, show_default=True, help="0 = greedy.")
@@ -248,13 +252,15 @@ def launch(
     if load_timeout < rank_timeout:
         raise InputError("--load-timeout must be at least --rank-timeout")
     options = _job_options(job_option)
+    if sum(x is not None for x in (cluster_file, local, plan_dir)) != 1:
+        raise InputError("give exactly one of CLUSTER.yaml, --local N or --plan DIR")
     cluster = read_cluster(cluster_file) if cluster_file is not None else None
     if code := _unreachable(cluster):  # before probing: probes of a dead host only time out
         return code
     try:
         target = resolve_target(cluster, local, plan_dir, model, strategy, backend)
     except PlanRefused as e:
-        click.echo(f"mlx-cluster: {e}", err=True)
+        click.echo(f"mlx-cluster: error: {e}", err=True)
         return EXIT_RANK_FAILED
     if plan_dir is not None and (code := _unreachable(target.cluster)):
         return code

@@ -27,3 +27,9 @@ def register(cli: click.Group) -> None:
     from launcher.cmd_demo import demo
 
     cli.add_command(demo)
+    from launcher.cmd_bench import bench_cmd
+
+    cli.add_command(bench_cmd)
+    from launcher.cmd_serve import serve_cmd
+
+    cli.add_command(serve_cmd)

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from cluster.job import RankJob
 from launcher.rank_jobs import DEFAULT_PORT
 from launcher.rank_process import RankLaunch
-from topology.cluster_file import ClusterSpec, HostSpec
+from topology.cluster_file import ClusterSpec, HostSpec, parse_cluster
 from topology.errors import InputError
 from topology.plan import DEFAULT_CONTEXT, Plan
 
@@ -105,13 +107,13 @@ def plan_dir_target(directory: str, model: str | None) -> LaunchTarget:
         )
     if plan.local:
         return LaunchTarget(plan, hostfile)
-    cluster = ClusterSpec(
-        hosts=tuple(
-            HostSpec(name=r.host, ssh=str(h.get("ssh") or r.ssh), ips=tuple(h.get("ips") or ()))
-            for r, h in zip(plan.ranks, hosts, strict=True)
-        ),
-        source=str(d / "hostfile.json"),
-    )
+    # Through the cluster-file validator: ssh destinations and addresses from a file are
+    # checked like any cluster file's before they reach an ssh command line.
+    entries = [
+        {"name": r.host, "ssh": h.get("ssh") or r.ssh, "ips": list(h.get("ips") or [])}
+        for r, h in zip(plan.ranks, hosts, strict=True)
+    ]
+    cluster = parse_cluster(yaml.safe_dump({"hosts": entries}), str(d / "hostfile.json"))
     return LaunchTarget(plan, hostfile, cluster, port=DEFAULT_PORT)
 
 

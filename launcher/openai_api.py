@@ -47,20 +47,18 @@ class ApiError(Exception):
         code: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = (
-            status,
-            message,
-            type_,
-            param,
-            code,
-        )
+        self.status, self.message = status, message
+        self.type, self.param, self.code = type_, param, code
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
 
 
 def error_body(
-    message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None
+    message: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -139,7 +137,9 @@ def _stop(raw: dict[str, Any]) -> tuple[str, ...]:
         or not all(isinstance(s, str) and s for s in stops)
         or len(stops) > MAX_STOP_STRINGS
     ):
-        raise _bad(f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS}", "stop")
+        raise _bad(
+            f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS}", "stop"
+        )
     return tuple(stops)
 
 
@@ -155,7 +155,9 @@ def _common(raw: dict[str, Any], kind: str, max_tokens: int | None) -> dict[str,
         raise _bad("'stream' must be true or false", "stream")
     options = raw.get("stream_options")
     if options is not None and (not stream or not isinstance(options, dict)):
-        raise _bad("'stream_options' must be an object, and only with 'stream': true", "stream_options")
+        raise _bad(
+            "'stream_options' must be an object, and only with 'stream': true", "stream_options"
+        )
     include_usage = bool((options or {}).get("include_usage", False))
     default = CHAT_MAX_TOKENS if kind == "chat" else COMPLETION_MAX_TOKENS
     top_p = _number(raw, "top_p", 1.0, 0.0, 1.0)
@@ -263,13 +265,16 @@ def chunk_body(
     text: str | None,
     finish: str | None = None,
     counts: dict[str, int] | None = None,
+    first: bool = False,
 ) -> dict[str, Any]:
-    """One streamed chunk: text (None: the final chunk with the finish reason; with counts and
-    no finish: the usage chunk that has no choices)."""
+    """One streamed chunk: text (None: the final chunk with the finish reason; with counts:
+    the usage chunk, which has no choices). A chat stream's first chunk names the role."""
     choices: list[dict[str, Any]] = []
     if counts is None:
         if kind == "chat":
-            delta = {} if text is None else {"role": "assistant", "content": text}
+            delta: dict[str, str] = {} if text is None else {"content": text}
+            if first:
+                delta = {"role": "assistant", **delta}
             choices = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
         else:
             choices = [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}]

@@ -36,12 +36,6 @@ class Generation:
     use_chat_template: bool = True
 
 
-def local_hostfile(n: int) -> dict[str, Any]:
-    """N ranks on this machine over the ring backend on 127.0.0.1 (like `mlx.launch -n N`)."""
-    host = {"ssh": "localhost", "ips": [LOCAL_IP], "rdma": []}
-    return {"backend": "ring", "envs": [], "hosts": [dict(host) for _ in range(n)]}
-
-
 def free_ports(n: int) -> list[int]:
     """N distinct ports free on 127.0.0.1 right now (held together so none repeats)."""
     with ExitStack() as stack:

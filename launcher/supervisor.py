@@ -78,7 +78,7 @@ class _Clock:
         if name in QUIET_EVENTS:
             return
         self.last_progress = now
-        if name in ("loaded", "decode"):  # cluster.rank enters its "decode" stage once loaded
+        if name in ("loaded", "decode", "ready"):  # the stage cluster.rank enters once loaded
             self.loading[rank] = False
         ev = event or {}
         if name in ("text", "result") or (name == "progress" and ev.get("stage") == "decode"):

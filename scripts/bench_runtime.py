@@ -41,7 +41,9 @@ def machine() -> str:
     except OSError:
         pass
     if platform.system() == "Darwin":
-        done = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True)
+        done = subprocess.run(
+            ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True
+        )
         cpu = done.stdout.strip() or cpu
     import mlx.core as mx
 
@@ -56,21 +58,26 @@ def _run(argv: list[str]) -> str:
     return done.stdout
 
 
-def ours(model: Path, ranks: int, tokens: int) -> float:
+Measured = tuple[float, int]  # generation tok/s, tokens generated
+
+
+def ours(model: Path, ranks: int, tokens: int) -> Measured:
     out = _run([
         str(BIN / "mlx-cluster"), "launch", "--local", str(ranks), "--strategy", "tensor",
         "--model", str(model), "--prompt", PROMPT, "--max-tokens", str(tokens),
         "--ignore-chat-template", "--json",
     ])  # fmt: skip
-    return float(json.loads(out)["generation_tps"])
+    found = json.loads(out)
+    return float(found["generation_tps"]), len(found["tokens"])
 
 
-def plain_stream_generate(model: Path, tokens: int) -> float:
+def plain_stream_generate(model: Path, tokens: int) -> Measured:
     out = _run([PY, __file__, "--plain-reference", str(model), "--tokens", str(tokens)])
-    return float(json.loads(out)["generation_tps"])
+    found = json.loads(out)
+    return float(found["generation_tps"]), int(found["tokens"])
 
 
-def mlx_lm_benchmark(model: Path, tokens: int) -> float:
+def mlx_lm_benchmark(model: Path, tokens: int) -> Measured:
     # mlx_lm.benchmark: random prompt ids, EOS disabled, a warm-up, then timed trials.
     out = _run([
         str(BIN / "mlx.launch"), "-n", "2", "--", PY, "-m", "mlx_lm", "benchmark",
@@ -79,29 +86,35 @@ def mlx_lm_benchmark(model: Path, tokens: int) -> float:
     found = re.search(r"Averages:.*generation_tps=([0-9.]+)", out)
     if found is None:
         sys.exit(f"no 'Averages:' line in mlx_lm benchmark output:\n{out[-2000:]}")
-    return float(found.group(1))
+    return float(found.group(1)), tokens  # EOS is disabled there: always `tokens`
 
 
 def plain_reference(model: str, tokens: int) -> None:
     """Child process: plain mlx-lm, the same raw prompt, greedy; print generation tok/s."""
     from mlx_lm import load, stream_generate
 
-    m, tok = load(model)
+    loaded = load(model)
+    m, tok = loaded[0], loaded[1]
     last = None
-    for last in stream_generate(m, tok, PROMPT, max_tokens=tokens):
-        pass
+    for response in stream_generate(m, tok, PROMPT, max_tokens=tokens):
+        last = response
     assert last is not None
     print(json.dumps({"generation_tps": last.generation_tps, "tokens": last.generation_tokens}))
 
 
 def compare(
-    name: str, mine: Callable[[], float], theirs: Callable[[], float], reps: int, goal: float
+    name: str, mine: Callable[[], Measured], theirs: Callable[[], Measured], reps: int, goal: float
 ) -> tuple[str, float, float, float, float]:
     a, b = [], []
     for i in range(reps):
-        a.append(mine())
-        b.append(theirs())
-        print(f"  {name} rep {i + 1}: ours {a[-1]:.1f} tok/s, reference {b[-1]:.1f} tok/s", flush=True)
+        (ta, na), (tb, nb) = mine(), theirs()
+        a.append(ta)
+        b.append(tb)
+        print(
+            f"  {name} rep {i + 1}: ours {ta:.1f} tok/s ({na} tokens), "
+            f"reference {tb:.1f} tok/s ({nb} tokens)",
+            flush=True,
+        )
     ma, mb = statistics.median(a), statistics.median(b)
     return name, ma, mb, ma / mb, goal
 

@@ -108,3 +108,24 @@ def calibrated_cost(name: str, base: BackendCost, calibration: Calibration | Non
 
 def calibrated_bandwidth(host: str, calibration: Calibration | None) -> float | None:
     return None if calibration is None else calibration.bandwidth(host)
+
+
+def calibration_notes(
+    calibration: Calibration | None, hosts: list[str], cost_name: str
+) -> list[str]:
+    """What a plan took from the calibration, for its assumptions list."""
+    if calibration is None:
+        return []
+    notes = [
+        f"memory bandwidth of {h}: {gbs:.1f} GB/s as measured by `mlx-cluster bench --calibrate`"
+        for h in dict.fromkeys(hosts)
+        if (gbs := calibration.bandwidth(h)) is not None
+    ]
+    link = next((k for k in calibration.links if k.cost_name == cost_name), None)
+    if link is not None and len(hosts) > 1:
+        notes.append(
+            f"{cost_name} all-reduce cost fitted to a measurement over {link.ranks} ranks "
+            f"({link.small_s * 1e6:.0f} µs at {link.small_bytes} B, "
+            f"{link.large_s * 1e3:.1f} ms at {link.large_bytes / 2**20:.0f} MiB)"
+        )
+    return notes

@@ -11,7 +11,12 @@ from dataclasses import replace
 from typing import Any
 
 from topology.addresses import rank_addresses
-from topology.calibration import Calibration, calibrated_bandwidth, calibrated_cost
+from topology.calibration import (
+    Calibration,
+    calibrated_bandwidth,
+    calibrated_cost,
+    calibration_notes,
+)
 from topology.chips import BACKENDS, host_bandwidth_gbs, usable_memory_bytes
 from topology.facts import CheckResult, HostFacts, Problem
 from topology.hostfile import RDMA_BACKENDS, missing_devices, rdma_matrix
@@ -51,18 +56,21 @@ def _choose(options: Sequence[Option], strategy: str, n: int) -> tuple[Option | 
     )
 
 
-def _assumptions(hosts: Sequence[HostFacts]) -> list[str]:
+def _assumptions(
+    hosts: Sequence[HostFacts], calibration: Calibration | None = None, cost_name: str = ""
+) -> list[str]:
     unchecked = [
         f"the memory of {h.name} (not a Mac) is unknown: not checked (set wired_limit_gb for it "
         "in the cluster file to have it checked)"
         for h in hosts
         if not h.is_mac and usable_memory_bytes(h) is None
     ]
+    unchecked += calibration_notes(calibration, [h.name for h in hosts], cost_name)
     return unchecked + [
         f"memory bandwidth of {h.name} ({h.chip or 'chip unknown'}) is not in the chip table: "
         f"assumed {ASSUMED_BANDWIDTH_GBS:.0f} GB/s (set bandwidth_gbs for it in the cluster file)"
         for h in hosts
-        if host_bandwidth_gbs(h) is None
+        if host_bandwidth_gbs(h) is None and calibrated_bandwidth(h.name, calibration) is None
     ]
 
 
@@ -224,7 +232,7 @@ def plan_cluster(
         base += _device_problems(hosts, check, chosen)
     return _plan(
         spec, _slots(hosts, ips, calibration), strategy, chosen, chosen or "ring", context, base,
-        calibration, assumptions=tuple(_assumptions(hosts)),
+        calibration, assumptions=tuple(_assumptions(hosts, calibration, chosen or "ring")),
     )  # fmt: skip
 
 
@@ -251,7 +259,10 @@ def plan_local(
         bandwidth / n,
         LOCAL_IP,
     )
-    notes = [f"{n} ranks share this machine's memory and memory bandwidth", *_assumptions([host])]
+    notes = [
+        f"{n} ranks share this machine's memory and memory bandwidth",
+        *_assumptions([host], calibration, "ring-local"),
+    ]
     return _plan(
         spec, [slot] * n, strategy, "ring", "ring-local", context, [], calibration,
         local=True, assumptions=tuple(notes),

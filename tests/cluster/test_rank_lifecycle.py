@@ -55,10 +55,11 @@ def test_bad_job_line_and_unknown_mode_exit_2(tiny: Callable[[str], Path]) -> No
     assert proc.returncode == 2
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "bad job line" in parse_event(lines[0])["message"]
-    job = replace(ring_jobs(1, tiny("llama"))[0], mode="serve")
+    job = replace(ring_jobs(1, tiny("llama"))[0], mode="dance")
     ranks = run_ranks([job], timeout=60)
     assert (
-        ranks[0].proc.returncode == 2 and "mode 'serve'" in only_error(ranks[0].events)["message"]
+        ranks[0].proc.returncode == 2
+        and "mode 'dance' is not supported" in only_error(ranks[0].events)["message"]
     )
 
 

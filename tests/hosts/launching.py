@@ -114,10 +114,18 @@ def session_pids(hosts: EmulatedHosts, i: int) -> list[int]:
     return [p for p in hosts.pids(i) if p != listener and _cmdline(p)]
 
 
-def wait_until_empty(hosts: EmulatedHosts, timeout_s: float, start: float) -> float:
-    """Seconds from `start` until no host holds anything but its sshd; fail after timeout_s."""
+def wait_until_empty(
+    hosts: EmulatedHosts, timeout_s: float, start: float, ranks_only_on: Sequence[int] = ()
+) -> float:
+    """Seconds from `start` until no host holds anything but its sshd (only no rank, for hosts
+    in `ranks_only_on`: an unplugged host's sshd session cannot learn its client is gone)."""
     while True:
-        left = {h.name: session_pids(hosts, h.index) for h in hosts}
+        left = {
+            h.name: rank_pids(hosts, h.index)
+            if h.index in ranks_only_on
+            else session_pids(hosts, h.index)
+            for h in hosts
+        }
         if not any(left.values()):
             return time.monotonic() - start
         if time.monotonic() - start > timeout_s:

@@ -26,7 +26,7 @@ from hosts.launching import (
     wait_for_ranks,
     wait_until_empty,
 )
-from hosts.netns import VENV_PYTHON, EmulatedHosts
+from hosts.netns import VENV_PYTHON, EmulatedHosts, require
 
 PROMPT = "Tell me about clusters"
 MAX_TOKENS = 12
@@ -38,6 +38,7 @@ MakeHosts = Callable[..., EmulatedHosts]
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from cluster.tiny_model import write_tiny_model
 
+    require()  # skip (or fail on CI) before spending time on models no test here could use
     root = tmp_path_factory.mktemp("models")
     return {
         # KV heads 2: tensor x2; heads 6 / KV 3 / hidden 192 / 6 layers: tensor and pipeline x3.
@@ -134,7 +135,6 @@ def test_remote_rank_killed_mid_decode_stops_every_rank_within_5s(
     finally:
         run.kill()
     assert code != 0
-    print("KILL", time.monotonic() - killed_at, run.stderr())
     assert "h1" in run.stderr() and "Traceback" not in run.stderr()
 
 
@@ -154,8 +154,27 @@ def test_link_cut_mid_decode_stops_launcher_within_10s_and_ranks_within_20s(
     finally:
         run.kill()
     assert code != 0
-    print("CUT", time.monotonic() - cut_at, run.stderr())
     assert "no progress" in run.stderr() or "sent nothing" in run.stderr(), run.stderr()
+
+
+@pytest.mark.xfail(strict=True, reason="needs the rank-side stall deadline (runtime_protocol #13)")
+def test_host_unplugged_mid_decode_exits_by_itself(
+    make_hosts: MakeHosts, models: dict[str, Path], tmp_path: Path
+) -> None:
+    # h2 vanishes from the lan: ssh and ring traffic both dead, so no stdin EOF ever reaches its
+    # rank; it must notice the stall itself and exit, or it holds the model's memory forever.
+    hosts = make_hosts(3, topology="switch")
+    cluster = hosts.cluster_yaml(tmp_path / "cluster.yaml", host_keys=LINUX, backend="ring")
+    run = _decoding(hosts, cluster, models["x3"], "--rank-timeout", "4")
+    try:
+        wait_for_ranks(hosts, [0, 1, 2], 10)
+        cut_at = time.monotonic()
+        hosts.set_port(2, up=False)
+        assert run.wait(30) != 0
+        assert time.monotonic() - cut_at < 10, run.stderr()
+        wait_until_empty(hosts, 20, cut_at, ranks_only_on=[2])
+    finally:
+        run.kill()
 
 
 def test_unreachable_hosts_are_refused_before_any_rank_starts(

@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,7 @@ class Launch:
 
 
 @contextlib.contextmanager
-def launched(*args: str) -> object:
+def launched(*args: str) -> Iterator[Launch]:
     run = Launch(*args)
     try:
         yield run

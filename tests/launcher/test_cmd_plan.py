@@ -227,3 +227,19 @@ def test_cluster_file_is_probed_live(tiny: Path, tmp_path: Path) -> None:
     assert any("not checked" in a for a in plan["assumptions"])
     hostfile = Hostfile.from_file(tmp_path / "p" / "hostfile.json")
     assert [(h.ssh_hostname, h.ips) for h in hostfile.hosts] == [("localhost", ["127.0.0.1"])]
+
+
+def test_unreachable_hub_fails_fast_in_one_line(tmp_path: Path) -> None:
+    """Online mode, but the Hub endpoint refuses connections: no retry noise, one line, exit 2."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    env.pop("HF_HUB_OFFLINE", None)
+    out = subprocess.run(
+        [str(CLI), "plan", "--local", "1", "--model", "org/somewhere"],
+        capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "mlx-cluster: error: cannot reach the Hugging Face Hub for 'org/somewhere' and it is not "
+        "in the cache: download it first with `hf download org/somewhere --include '*.json'` or "
+        "pass a local directory"
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,9 @@ def test_plan_dir_from_the_plan_command(
         "--out", str(tmp_path / "p"),
     )  # fmt: skip
     assert planned.returncode == 0, planned.stderr
-    done = cli("launch", "--plan", str(tmp_path / "p"), "--prompt", PROMPT, "--max-tokens", "12", "--json")
+    done = cli(
+        "launch", "--plan", str(tmp_path / "p"), "--prompt", PROMPT, "--max-tokens", "12", "--json"
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert (out["strategy"], out["ranks"]) == ("pipeline", 2)
@@ -136,3 +139,33 @@ def test_bad_input_is_one_line_and_exit_2(tiny_model: Path, tmp_path: Path) -> N
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("mlx-cluster: error:"), (args, lines)
         assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_demo_matches_the_single_process(tmp_path: Path) -> None:
+    env = {**os.environ, "MLX_CLUSTER_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [MLX_CLUSTER, "demo", "--max-tokens", "8"],
+        capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S * 2, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "cache" / "demo-model" / "config.json").is_file()
+    assert "tensor over 2 rank(s)" in done.stdout and "tok/s" in done.stdout
+    assert "match: the 2 ranks produced the single process's 8 tokens exactly" in done.stdout
+
+
+def test_plan_dir_with_shell_characters_in_ssh_is_refused(tiny_model: Path, tmp_path: Path) -> None:
+    planned = cli(
+        "plan", "--local", "2", "--model", str(tiny_model), "--out", str(tmp_path / "p"),
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    marker = tmp_path / "executed"
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    plan["local"] = False  # as if planned for two Macs
+    (tmp_path / "p" / "plan.json").write_text(json.dumps(plan))
+    hostfile = json.loads((tmp_path / "p" / "hostfile.json").read_text())
+    hostfile["hosts"][1]["ssh"] = f"b;touch {marker}"
+    (tmp_path / "p" / "hostfile.json").write_text(json.dumps(hostfile))
+    done = cli("launch", "--plan", str(tmp_path / "p"), "--prompt", PROMPT)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "hostfile.json" in done.stderr
+    assert not marker.exists()

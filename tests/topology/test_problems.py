@@ -9,6 +9,7 @@ import synth
 
 from topology.errors import InputError
 from topology.facts import CheckResult, Problem
+from topology.host_facts import host_facts
 from topology.problems import CODE_ORDER, check
 
 
@@ -82,7 +83,7 @@ def test_missing_links_name_distinct_free_ports() -> None:
     assert result.backend == "jaccl-ring"
 
 
-@pytest.mark.parametrize("n", [3, 5, 8])
+@pytest.mark.parametrize("n", [3, 5, 8, 12])
 def test_broken_ring_blocks_jaccl_ring_on_the_missing_cable_only(n: int) -> None:
     c = synth.ring(n)
     gone = c.cables.pop(1)  # studio-b <-> studio-c
@@ -270,8 +271,6 @@ def test_unreachable_host_is_one_problem() -> None:
     for f in synth._MAC_COMMANDS | {"sysctl.txt": "", "ifconfig.txt": ""}:
         files["studio-b"][f] = None
         files["studio-b"][f + ".error"] = reason
-    from topology.host_facts import host_facts
-
     result = check([host_facts(n, fs) for n, fs in files.items()], "ring")
     [p] = only(result, "probe_missing")
     assert "Connection refused" in p.message and p.severity == "error"

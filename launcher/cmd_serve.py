@@ -1,0 +1,195 @@
+"""`mlx-cluster serve`: an OpenAI-compatible endpoint in front of the cluster's ranks.
+
+The HTTP server runs here, in the launcher process (so it outlives rank restarts); the ranks
+run in serve mode (cluster/serve_loop.py). One line on stdout once the model is ready; the log
+(failures, re-plans) goes to stderr. Exit codes: 0 stopped by a signal (Ctrl-C, SIGTERM);
+1 the first start failed or no plan fits; 2 bad input (flags, files, the model, the port).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import click
+
+from launcher.cmd_launch import _job_options
+from launcher.cmd_topology import read_cluster
+from launcher.launch_target import PlanRefused, model_for_ranks
+from launcher.serve_cluster import ServeCluster
+from launcher.serve_failover import ServeSource, describe
+from launcher.serve_http import ServeServer
+from launcher.supervisor import EXIT_RANK_FAILED, Deadlines
+from topology.cluster_file import BACKENDS, STRATEGIES
+from topology.errors import InputError
+
+RANK_TIMEOUT_S = 6.0  # lower than launch's: a lost rank must fail its request within 10 s
+STOP_TIMEOUT_S = 15.0  # ranks get SIGTERM, then SIGKILL after the grace period
+
+
+def _log(message: str) -> None:
+    click.echo(f"mlx-cluster: {message}", err=True)
+
+
+def _check(port: int, max_concurrency: int, rank_timeout: float, load_timeout: float) -> None:
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port must be 0-65535 (0: any free port), got {port}")
+    if max_concurrency < 1:
+        raise InputError(f"--max-concurrency must be at least 1, got {max_concurrency}")
+    if rank_timeout <= 0:
+        raise InputError(f"--rank-timeout must be a positive number of seconds, got {rank_timeout}")
+    if load_timeout < rank_timeout:
+        raise InputError("--load-timeout must be at least --rank-timeout")
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """Ctrl-C, SIGTERM and SIGHUP ask serve to stop (ranks first, then the server)."""
+    flag = threading.Event()
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.getsignal(s) for s in sigs}
+    for s in sigs:
+        signal.signal(s, lambda _n, _f: flag.set())
+    try:
+        yield flag
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _source(
+    cluster_file: str | None,
+    local: int | None,
+    model: str | None,
+    strategy: str | None,
+    backend: str | None,
+) -> ServeSource:
+    if (cluster_file is None) == (local is None):
+        raise InputError("give exactly one of CLUSTER.yaml or --local N")
+    if model is None:
+        raise InputError("--model is required: a model directory or a Hugging Face repo id")
+    if local is not None:
+        if local < 1:
+            raise InputError(f"--local needs at least 1 rank, got {local}")
+        if backend not in (None, "auto", "ring"):
+            raise InputError(
+                f"--local runs over ring on 127.0.0.1; --backend {backend} needs hosts"
+            )
+        return ServeSource(model, strategy, backend, local=local)
+    assert cluster_file is not None
+    return ServeSource(model, strategy, backend, cluster=read_cluster(cluster_file))
+
+
+def _listen(
+    host: str, port: int, cluster: ServeCluster, model: str, key: str | None
+) -> ServeServer:
+    try:
+        return ServeServer((host, port), cluster, model, key)
+    except OSError as e:
+        raise InputError(
+            f"cannot listen on {host}:{port} ({e.strerror or e}): choose another --port / --host"
+        ) from None
+
+
+@click.command("serve")
+@click.argument("cluster_file", required=False, metavar="[CLUSTER.yaml]")
+@click.option("--local", type=int, help="Run N ranks on this machine (ring over 127.0.0.1).")
+@click.option("--model", help="Model directory or Hugging Face repo id.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8080, show_default=True, help="0: any free port.")
+@click.option("--api-key", help="Require 'Authorization: Bearer KEY' on /v1/ requests.")
+@click.option(
+    "--max-concurrency",
+    type=int,
+    default=8,
+    show_default=True,
+    help="Requests open at once (queued or decoding); more get 429.",
+)
+@click.option("--strategy", type=click.Choice(STRATEGIES), help="Default: the cluster's, or auto.")
+@click.option("--backend", type=click.Choice(BACKENDS), help="Default: the best one available.")
+@click.option(
+    "--rank-timeout",
+    type=float,
+    default=RANK_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a rank may go silent or make no progress before serve fails over.",
+)
+@click.option(
+    "--load-timeout",
+    type=float,
+    default=Deadlines.load_timeout_s,
+    show_default=True,
+    help="The same allowance while weights load (reset by each loading step).",
+)
+@click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
+def serve_cmd(
+    cluster_file: str | None,
+    local: int | None,
+    model: str | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_concurrency: int,
+    strategy: str | None,
+    backend: str | None,
+    rank_timeout: float,
+    load_timeout: float,
+    job_option: tuple[str, ...],
+) -> int:
+    """Serve the model over an OpenAI-compatible HTTP API, re-planning when a rank dies."""
+    _check(port, max_concurrency, rank_timeout, load_timeout)
+    options = _job_options(job_option)
+    source = _source(cluster_file, local, model, strategy, backend)
+    if source.cluster is not None:
+        from launcher.reachability import refuse_unreachable
+
+        if code := refuse_unreachable(source.cluster):
+            return code
+    try:
+        target = source.first_target()
+    except PlanRefused as e:
+        _log(str(e))
+        return EXIT_RANK_FAILED
+    assert model is not None
+    deadlines = Deadlines(rank_timeout_s=rank_timeout, load_timeout_s=load_timeout)
+    cluster = ServeCluster(
+        source, model_for_ranks(model), deadlines, options, _log, max_concurrency
+    )
+    server = _listen(host, port, cluster, model, api_key)
+    url = f"http://{host}:{server.server_address[1]}/v1"
+    threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
+    try:
+        with _stop_on_signals() as stopping:
+            cluster.start(target)
+            _log(f"listening on {url}; loading {model} as {describe(target)} ({target.backend})")
+            return _run(cluster, stopping, url, model)
+    finally:
+        cluster.stop(STOP_TIMEOUT_S)
+        server.shutdown()
+        server.server_close()
+
+
+def _run(cluster: ServeCluster, stopping: threading.Event, url: str, model: str) -> int:
+    """Wait for the first ready (or failure), print the ready line, then serve until a signal."""
+    announced = False
+    while not stopping.is_set():
+        with cluster.changed:
+            cluster.changed.wait(0.2)
+            status, target, first = cluster.status, cluster.target, cluster.first_outcome
+        if first is not None:
+            message = first.failure.message() if first.failure else "the ranks stopped"
+            _log(f"error: {message}")
+            return first.exit_code or EXIT_RANK_FAILED
+        if status == "ready" and not announced and target is not None:
+            plan = target.plan
+            click.echo(
+                f"mlx-cluster: serving {model} at {url} "
+                f"({plan.strategy} × {len(plan.ranks)} ranks, {target.backend}); Ctrl-C stops"
+            )
+            sys.stdout.flush()
+            announced = True
+    _log("stopping: every rank is being stopped")
+    return 0

@@ -1,0 +1,201 @@
+"""`mlx-cluster bench` end to end: real local ranks over ring, a tiny random-weight model.
+
+Every run gets its own MLX_CLUSTER_CACHE, so no saved calibration leaks between tests (or in
+from the user's ~/.cache). Speeds are only checked for consistency, never against a clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from launch_helpers import MARKER_VAR, rank_pids
+
+from cluster.tiny_model import write_tiny_model
+from launcher.calibration_store import load_calibration
+from launcher.cluster_plan import this_machine
+from launcher.model_source import load_model_spec
+from topology.plan import plan_local
+
+ROOT = Path(__file__).resolve().parents[2]
+MLX_CLUSTER = str(ROOT / ".venv" / "bin" / "mlx-cluster")
+RUN_TIMEOUT_S = 300.0
+TIB = 1 << 40
+CONTRACT = (
+    "hosts", "strategy", "backend", "prompt_tps", "generation_tps", "ttft_s", "itl_p50_ms",
+    "itl_p99_ms", "peak_memory_bytes", "speedup", "efficiency", "bandwidth_gbps",
+    "predicted_decode_tok_s",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 layers, 4 heads / 2 KV heads: tensor and pipeline both split over 2 ranks."""
+    return write_tiny_model(tmp_path_factory.mktemp("bench") / "tiny", layers=4, hidden=64)
+
+
+def bench(
+    cache: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    marker = uuid.uuid4().hex
+    full_env = {**os.environ, "MLX_CLUSTER_CACHE": str(cache), MARKER_VAR: marker, **(env or {})}
+    try:
+        return subprocess.run(
+            [MLX_CLUSTER, "bench", *args],
+            capture_output=True, text=True, env=full_env, cwd=ROOT, timeout=RUN_TIMEOUT_S,
+        )  # fmt: skip
+    finally:
+        assert rank_pids(marker) == {}, "a rank outlived the bench"
+
+
+def test_local_bench_writes_every_field_a_table_and_a_chart(model: Path, tmp_path: Path) -> None:
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    done = bench(
+        tmp_path / "cache", "--local", "2", "--model", str(model), "--sizes", "1,2",
+        "-p", "24", "-g", "8", "--trials", "2", "--json", str(out), "--plot", str(png),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    for key in ("chip", "cores", "memory_bytes", "os", "mlx_version"):
+        assert doc["machine"][key], key
+    results = doc["results"]
+    assert {(r["hosts"], r["strategy"]) for r in results} == {
+        (1, "tensor"), (1, "pipeline"), (2, "tensor"), (2, "pipeline"),
+    }  # fmt: skip
+    base = {r["strategy"]: r["generation_tps"] for r in results if r["hosts"] == 1}
+    for r in results:
+        assert set(CONTRACT) <= set(r), set(CONTRACT) - set(r)
+        assert list(r)[: len(CONTRACT)] == list(CONTRACT)
+        assert r["backend"] == "ring"
+        assert r["prompt_tps"] > 0 and r["generation_tps"] > 0 and r["ttft_s"] > 0
+        assert 0 < r["itl_p50_ms"] <= r["itl_p99_ms"]
+        assert len(r["peak_memory_bytes"]) == r["hosts"]
+        assert all(0 < b < TIB for b in r["peak_memory_bytes"])
+        speedup = r["generation_tps"] / base[r["strategy"]]
+        assert r["speedup"] == pytest.approx(speedup, rel=1e-3)
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["hosts"], rel=1e-3)
+        assert r["bandwidth_gbps"] > 0
+        assert r["predicted_decode_tok_s"] > 0
+        assert r["predicted_calibrated_tok_s"] is None  # nothing calibrated in this cache
+    assert doc["skipped"] == []
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+    table = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    assert table[0].startswith("| hosts | strategy | backend | prompt tok/s | gen tok/s")
+    assert len(table) == 2 + len(results)
+    progress = [line for line in done.stderr.splitlines() if line.startswith("bench [")]
+    assert len(progress) == 3, done.stderr  # 1 host once, then tensor and pipeline over 2
+
+
+def test_calibrate_saves_numbers_the_planner_then_uses(model: Path, tmp_path: Path) -> None:
+    cache, out = tmp_path / "cache", tmp_path / "bench.json"
+    done = bench(
+        cache, "--local", "2", "--model", str(model), "--sizes", "2", "--strategies", "tensor",
+        "-p", "8", "-g", "4", "--trials", "1", "--calibrate", "--json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "calibration: saved to" in done.stderr
+    calibration = load_calibration(cache / "calibration.json")
+    assert calibration is not None
+    (link,) = calibration.links
+    assert (link.cost_name, link.ranks, link.small_bytes) == ("ring-local", 2, 64 * 4)
+    assert 0 < link.small_s < link.large_s
+    assert (calibration.bandwidth("localhost") or 0) > 0
+    row = json.loads(out.read_text())["results"][0]
+    assert row["predicted_calibrated_tok_s"] is not None
+    assert row["predicted_calibrated_tok_s"] != row["predicted_decode_tok_s"]
+    assert row["prediction_error_calibrated"] is not None
+
+    # `plan` (and so `launch`) read the saved file: the prediction is the calibrated one.
+    spec = load_model_spec(str(model))
+    expected = plan_local(this_machine(), 2, spec, strategy="tensor", calibration=calibration)
+    plain = plan_local(this_machine(), 2, spec, strategy="tensor")
+    assert expected.predicted_decode_tok_s != plain.predicted_decode_tok_s
+    for folder, want in ((cache, expected), (tmp_path / "empty", plain)):
+        shown = subprocess.run(
+            [MLX_CLUSTER, "plan", "--local", "2", "--model", str(model), "--strategy", "tensor",
+             "--json"],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+            env={**os.environ, "MLX_CLUSTER_CACHE": str(folder)},
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["predicted_decode_tok_s"] == want.predicted_decode_tok_s
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--sizes", "0"], "--sizes"),
+        (["--sizes", "1,x"], "--sizes"),
+        (["--sizes", "3"], "only 2 host(s)"),
+        (["--strategies", "foo"], "--strategies"),
+        (["-g", "0"], "-g must be"),
+        (["-p", "0"], "-p must be"),
+        (["--trials", "0"], "--trials"),
+        (["--json", "/nonexistent-dir/x.json"], "does not exist"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(
+    model: Path, tmp_path: Path, flags: list[str], words: str
+) -> None:
+    done = bench(tmp_path, "--local", "2", "--model", str(model), *flags)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mlx-cluster: error:"), done.stderr
+    assert words in lines[0]
+    assert done.stdout == ""
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(model: Path, tmp_path: Path) -> None:
+    shim = tmp_path / "shim" / "matplotlib"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text('raise ImportError("no matplotlib here (test shim)")\n')
+    done = bench(
+        tmp_path, "--local", "1", "--model", str(model), "--plot", str(tmp_path / "x.png"),
+        env={"PYTHONPATH": str(shim.parent)},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "mlx-cluster: error: --plot needs matplotlib: pip install matplotlib"
+    ]
+
+
+def test_a_broken_calibration_file_is_named_with_the_fix(model: Path, tmp_path: Path) -> None:
+    (tmp_path / "calibration.json").write_text('{"links": "nope"}')
+    done = bench(tmp_path, "--local", "1", "--model", str(model))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "calibration.json" in line and "re-run `mlx-cluster bench --calibrate`" in line
+
+
+def test_bench_and_calibrate_over_ssh_on_two_emulated_hosts(model: Path, tmp_path: Path) -> None:
+    """The cluster-file path: probed hosts, the first k of them, ranks started over real ssh."""
+    import time
+
+    from hosts.launching import wait_until_empty
+    from hosts.netns import EmulatedHosts, require
+
+    require()
+    cache, out = tmp_path / "cache", tmp_path / "bench.json"
+    with EmulatedHosts(2, topology="switch") as hosts:
+        # Linux hosts report no GPU memory: say it, as a user's cluster file must.
+        cluster = hosts.cluster_yaml(
+            tmp_path / "cluster.yaml", host_keys={"wired_limit_gb": 4}, backend="ring"
+        )
+        done = bench(
+            cache, str(cluster), "--model", str(model), "--sizes", "1,2", "--strategies",
+            "tensor", "-p", "8", "-g", "4", "--trials", "1", "--calibrate", "--json", str(out),
+            env={"HF_HUB_OFFLINE": "1"},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        wait_until_empty(hosts, 5, time.monotonic())
+    doc = json.loads(out.read_text())
+    assert [(r["hosts"], r["backend"]) for r in doc["results"]] == [(1, "ring"), (2, "ring")]
+    assert [h["name"] for h in doc["machine"]["hosts"]] == ["h0", "h1"]
+    calibration = load_calibration(cache / "calibration.json")
+    assert calibration is not None
+    assert [(k.cost_name, k.ranks) for k in calibration.links] == [("ring", 2)]
+    assert all((calibration.bandwidth(h) or 0) > 0 for h in ("h0", "h1"))

@@ -1,0 +1,307 @@
+"""`mlx-cluster serve` with real local ranks, spoken to by the official `openai` client and raw
+http.client: answers equal plain mlx-lm in one process, bad input gets OpenAI error objects,
+and a rank SIGKILLed mid-request fails that request fast, then serving resumes re-planned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from launch_helpers import MLX_CLUSTER, ROOT, tiny_model
+from serve_helpers import Server, reference, serving
+
+from cluster.tiny_model import write_tiny_model
+
+__all__ = ["tiny_model"]  # the fixture (4 heads / 2 KV heads: tensor over 1 or 2 ranks)
+
+KEY = "test-key-123"
+PROMPT = "Hello world"
+FAIL_WITHIN_S = 10.0  # the promise for a request in flight when a rank dies
+RECOVER_WITHIN_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path) -> Iterator[Server]:
+    args = ["--local", "2", "--strategy", "tensor", "--model", str(tiny_model), "--api-key", KEY]
+    with serving(*args) as s:
+        s.wait_ready()
+        yield s
+
+
+def test_health_is_200_with_every_rank_up(server: Server) -> None:
+    status, body = server.health()  # no key needed: load balancers probe it
+    assert status == 200, body
+    assert (body["status"], body["ranks"], body["strategy"]) == ("ok", 2, "tensor")
+
+
+def test_completion_equals_one_process(server: Server, tiny_model: Path) -> None:
+    ref = reference(tiny_model, 24, prompt=PROMPT)
+    out = server.client(KEY).completions.create(
+        model=str(tiny_model), prompt=PROMPT, max_tokens=24, temperature=0
+    )
+    assert out.choices[0].text == ref.text
+    assert out.choices[0].finish_reason == ref.finish_reason
+    assert out.usage is not None
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (
+        ref.prompt_tokens,
+        ref.completion_tokens,
+    )
+    assert out.usage.total_tokens == ref.prompt_tokens + ref.completion_tokens
+
+
+def test_chat_streamed_and_not_equal_one_process(server: Server, tiny_model: Path) -> None:
+    ref = reference(tiny_model, 30, chat=PROMPT)
+    client = server.client(KEY)
+    messages: Any = [{"role": "user", "content": PROMPT}]
+    whole = client.chat.completions.create(
+        model="any", messages=messages, max_tokens=30, temperature=0
+    )
+    assert whole.choices[0].message.content == ref.text
+    assert whole.usage is not None
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (
+        ref.prompt_tokens,
+        ref.completion_tokens,
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="any",
+            messages=messages,
+            max_tokens=30,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ref.text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == ref.finish_reason
+    assert chunks[-1].usage == whole.usage
+
+
+def test_stop_string_cuts_the_text_and_ends_generation(server: Server, tiny_model: Path) -> None:
+    ref = reference(tiny_model, 40, prompt=PROMPT)
+    stop = ref.text[12:15]
+    expected = ref.text[: ref.text.index(stop)]
+    client = server.client(KEY)
+    out = client.completions.create(
+        model="m", prompt=PROMPT, max_tokens=40, temperature=0, stop=[stop, "never appears"]
+    )
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (expected, "stop")
+    assert out.usage is not None and out.usage.completion_tokens < ref.completion_tokens
+    streamed = client.completions.create(
+        model="m", prompt=PROMPT, max_tokens=40, temperature=0, stop=stop, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed) == expected
+
+
+def test_models_lists_the_served_model(server: Server, tiny_model: Path) -> None:
+    models = server.client(KEY).models.list()
+    assert [m.id for m in models.data] == [str(tiny_model)]
+
+
+BAD_BODIES = [
+    ("/v1/chat/completions", b"not json", None),
+    ("/v1/chat/completions", b"[1, 2]", None),
+    ("/v1/chat/completions", b"{}", "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "wizard", "content": "x"}]}', "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', "messages"),
+    ("/v1/completions", b'{"prompt": "x", "temperature": "hot"}', "temperature"),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": 0}', "max_tokens"),
+    ("/v1/completions", b'{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}', "stop"),
+    ("/v1/completions", b'{"prompt": "x", "n": 2}', "n"),
+    ("/v1/completions", b'{"prompt": ["a", "b"]}', "prompt"),
+    ("/v1/completions", b'{"max_tokens": 3}', "prompt"),
+    ("/v1/completions", b'{"prompt": "x", "stream": "yes"}', "stream"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), BAD_BODIES)
+def test_bad_bodies_get_400_error_objects(
+    server: Server, path: str, body: bytes, param: str | None
+) -> None:
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    status, answer = server.request("POST", path, body, headers)
+    assert status == 400, answer
+    error = answer["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["param"] == param
+
+
+def test_bad_body_through_the_client_is_a_bad_request(server: Server) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client(KEY).chat.completions.create(model="m", messages=[], max_tokens=3)
+    assert caught.value.status_code == 400
+    assert server.health()[0] == 200  # the server and ranks are unharmed
+
+
+def test_api_key_is_enforced(server: Server) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        server.client("wrong-key").models.list()
+    body = json.dumps({"prompt": "x", "max_tokens": 2}).encode()
+    status, answer = server.request("POST", "/v1/completions", body)  # no key at all
+    assert status == 401 and answer["error"]["code"] == "invalid_api_key"
+
+
+def test_unknown_route_is_404_and_wrong_method_405(server: Server) -> None:
+    status, answer = server.request(
+        "GET", "/v1/nothing", headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert status == 404 and answer["error"]["type"] == "invalid_request_error"
+    status, answer = server.request(
+        "GET", "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert status == 405
+
+
+class StreamInBackground:
+    """A streamed chat completion read by a thread: when it started and how it ended. (The
+    chat prompt makes both tiny models talk for 150+ tokens before their end-of-turn.)"""
+
+    def __init__(self, client: openai.OpenAI, max_tokens: int) -> None:
+        self.started = threading.Event()
+        self.error: Exception | None = None
+        self.ended_at = 0.0
+        self.text = ""
+        self._client, self._max_tokens = client, max_tokens
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for chunk in self._client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": PROMPT}],
+                max_tokens=self._max_tokens,
+                temperature=0,
+                stream=True,
+            ):
+                if chunk.choices:
+                    self.text += chunk.choices[0].delta.content or ""
+                if self.text:
+                    self.started.set()
+        except Exception as e:
+            self.error = e
+        self.ended_at = time.monotonic()
+        self.started.set()
+
+
+def _fail_over(s: Server, kill_rank: int, ranks_before: int) -> tuple[float, float]:
+    """Kill a rank mid-request; return how long the request and /health took to notice."""
+    s.wait_ready()
+    assert s.wait_health(True, 10)["ranks"] == ranks_before
+    client = s.client()
+    stream = StreamInBackground(client, max_tokens=2000)
+    assert stream.started.wait(60), s.stderr
+    assert stream.error is None, stream.error
+    pid = s.ranks(ranks_before)[kill_rank]
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    s.wait_health(False, FAIL_WITHIN_S, every_s=0.05)
+    down_after = time.monotonic() - killed_at
+    stream.thread.join(FAIL_WITHIN_S + 5)
+    assert not stream.thread.is_alive(), "the request in flight never ended"
+    assert isinstance(stream.error, openai.APIError), stream.error
+    assert "every rank was stopped" in str(stream.error)
+    return stream.ended_at - killed_at, down_after
+
+
+def test_rank_killed_mid_request_fails_it_then_serving_resumes_on_one_rank(
+    tiny_model: Path,
+) -> None:
+    args = ["--local", "2", "--strategy", "tensor", "--model", str(tiny_model)]
+    args += ["--max-concurrency", "1", "--job-option", "token_delay_s=0.1"]
+    ref = reference(tiny_model, 16, prompt=PROMPT)
+    with serving(*args) as s:
+        s.wait_ready()
+        busy = StreamInBackground(s.client(), max_tokens=20)
+        assert busy.started.wait(60), s.stderr
+        with pytest.raises(openai.RateLimitError):  # beyond --max-concurrency: 429 at once
+            s.client().completions.create(model="m", prompt=PROMPT, max_tokens=2)
+        busy.thread.join(60)
+        assert busy.error is None and not busy.thread.is_alive()
+        failed_after, down_after = _fail_over(s, kill_rank=1, ranks_before=2)
+        assert failed_after < FAIL_WITHIN_S and down_after < FAIL_WITHIN_S
+        assert s.wait_health(True, RECOVER_WITHIN_S, every_s=0.5)["ranks"] == 1
+        out = s.client().completions.create(model="m", prompt=PROMPT, max_tokens=16, temperature=0)
+        assert out.choices[0].text == ref.text
+        assert "re-planned tensor ×2 → tensor ×1 in" in s.stderr
+        assert "serving again" in s.stderr
+
+
+def test_lost_rank_forces_pipeline_when_tensor_no_longer_divides(tmp_path: Path) -> None:
+    """6 heads / 3 KV heads split over 3 ranks but not over 2: the re-plan is a pipeline."""
+    model = write_tiny_model(tmp_path / "kv3", layers=4, hidden=96, heads=6, kv_heads=3)
+    args = ["--local", "3", "--strategy", "tensor", "--model", str(model)]
+    args += ["--job-option", "token_delay_s=0.1"]
+    ref = reference(model, 16, chat=PROMPT)
+    with serving(*args) as s:
+        failed_after, _ = _fail_over(s, kill_rank=0, ranks_before=3)
+        assert failed_after < FAIL_WITHIN_S
+        body = s.wait_health(True, RECOVER_WITHIN_S, every_s=0.5)
+        assert (body["strategy"], body["ranks"]) == ("pipeline", 2)
+        out = s.client().chat.completions.create(
+            model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=16, temperature=0
+        )
+        assert out.choices[0].message.content == ref.text
+        assert "re-planned tensor ×3 → pipeline ×2 in" in s.stderr
+
+
+def test_no_plan_left_keeps_the_server_up_answering_503(tiny_model: Path) -> None:
+    with serving("--local", "1", "--model", str(tiny_model)) as s:
+        s.wait_listening()
+        status, body = s.health()  # the rank takes seconds to import mlx-lm and load
+        assert (status, body["status"]) == (503, "starting"), body
+        s.wait_ready()
+        assert s.health()[0] == 200
+        os.kill(s.ranks(1)[0], signal.SIGKILL)
+        body = s.wait_health(False, FAIL_WITHIN_S)
+        end = time.monotonic() + 30
+        while "no plan fits" not in s.stderr:
+            assert time.monotonic() < end, s.stderr
+            time.sleep(0.1)
+        status, body = s.health()
+        assert status == 503 and "no plan fits" in body["reason"]
+        with pytest.raises(openai.InternalServerError) as caught:
+            s.client().completions.create(model="m", prompt=PROMPT, max_tokens=2)
+        assert caught.value.status_code == 503
+        assert s.proc.poll() is None  # still serving (503s) until stopped
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [MLX_CLUSTER, "serve", *args], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+
+
+def test_bad_flags_are_one_line_and_exit_2(tiny_model: Path) -> None:
+    model = ["--model", str(tiny_model)]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        cases = [
+            (model, "give exactly one of CLUSTER.yaml or --local N"),
+            (["--local", "2"], "--model is required"),
+            (["--local", "2", "--model", str(tiny_model / "nope")], "no such directory"),
+            (["--local", "2", *model, "--port", "70000"], "--port must be"),
+            (["--local", "2", *model, "--max-concurrency", "0"], "--max-concurrency must be"),
+            (["--local", "2", *model, "--backend", "jaccl"], "needs hosts"),
+            (["--local", "2", *model, "--port", port], "cannot listen on 127.0.0.1:" + port),
+        ]
+        for args, expected in cases:
+            done = _run_cli(*args)
+            assert done.returncode == 2, (args, done.stderr)
+            assert done.stderr.count("\n") == 1 and expected in done.stderr, (args, done.stderr)
