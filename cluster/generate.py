@@ -57,8 +57,13 @@ def share_prompt(ids: list[int] | None, group: Any) -> list[int]:
     if group is None:
         return ids or []
     mine = ids if group.rank() == 0 and ids is not None else []
-    n = mx.distributed.all_sum(mx.array([len(mine)], dtype=mx.int32), group=group, stream=mx.cpu)
-    length = _ints(n)[0]
+    # Rank 0 sends length + 1: a 0 means the ring failed the task (it can, without raising).
+    n = mx.array([len(mine) + 1 if group.rank() == 0 else 0], dtype=mx.int32)
+    length = _ints(mx.distributed.all_sum(n, group=group, stream=mx.cpu))[0] - 1
+    if length < 0:
+        raise RuntimeError("the prompt from rank 0 never arrived: the connection to it was lost")
+    if length == 0:  # every rank then refuses the empty prompt together
+        return []
     padded = mine if mine else [0] * length
     total = mx.distributed.all_sum(mx.array(padded, dtype=mx.int32), group=group, stream=mx.cpu)
     return _ints(total)

@@ -28,6 +28,9 @@ from cluster.generate import PROGRESS_EVERY_S, Emit
 from cluster.job import RankJob
 
 TICK_S = 1.0  # an idle rank 0 broadcasts a no-op this often
+# Prompt chunk size: each chunk reports progress, so a long prompt on a big model never looks
+# stalled to the launcher's --rank-timeout (mlx-lm's default chunk is 2048 tokens).
+PREFILL_STEP = 512
 
 
 class RequestError(Exception):
@@ -173,6 +176,7 @@ def run_request(
         mx.array(d.ids, dtype=mx.int32),
         max_tokens=d.max_tokens,
         sampler=make_sampler(d.temperature, d.top_p),
+        prefill_step_size=PREFILL_STEP,
         prompt_progress_callback=lambda done, total: emit(
             "progress", stage="prompt", done=done, total=total
         ),

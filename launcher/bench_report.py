@@ -13,9 +13,12 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topology.model_spec import ModelSpec
+
+if TYPE_CHECKING:
+    from launcher.bench_runs import BenchSettings
 
 # The JSON contract of each result; more fields follow these.
 FIELDS = (
@@ -167,11 +170,30 @@ def markdown_table(rows: Sequence[Row], skipped: Sequence[Skipped]) -> str:
     return "\n".join(lines)
 
 
-def progress_line(index: int, total: int, label: str, row: Row, seconds: float) -> str:
+def run_summary(row: Row, seconds: float) -> str:
+    """The end of a run's progress line (its start, `bench [i/n] ...:`, is shown as it begins)."""
     m = row.measured
     predicted = _num(row.predicted_decode_tok_s, ".1f")
     return (
-        f"bench [{index}/{total}] {label} ({row.backend}): "
         f"generation {m.generation_tps:.1f} tok/s, prompt {m.prompt_tps:.1f} tok/s, "
         f"TTFT {m.ttft_s:.3f} s, predicted {predicted} tok/s [{seconds:.1f} s]"
     )
+
+
+def bench_document(
+    machine: dict[str, Any],
+    model: str,
+    settings: BenchSettings,
+    rows: Sequence[Row],
+    skipped: Sequence[Skipped],
+    calibration: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What --json FILE holds: the machine, the settings, one result per size × strategy."""
+    return {
+        "machine": machine,
+        "model": model,
+        "settings": asdict(settings),
+        "results": [r.to_json() for r in rows],
+        "skipped": [asdict(s) for s in skipped],
+        "calibration": calibration,
+    }

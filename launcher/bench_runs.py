@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cluster.job import RankJob
 from launcher.launch_target import LaunchTarget, rank_launches
 from launcher.rank_jobs import DEFAULT_PORT, Generation, build_rank_jobs
 from launcher.supervisor import Deadlines, Outcome, supervise
@@ -116,8 +117,15 @@ def plan_cases(
     return out
 
 
-def _jobs(target: LaunchTarget, model: str, mode: str, options: dict[str, Any], seed: int,
-          deadlines: Deadlines) -> list[Any]:  # fmt: skip
+def _jobs(
+    target: LaunchTarget,
+    model: str,
+    mode: str,
+    options: dict[str, Any],
+    seed: int,
+    deadlines: Deadlines,
+) -> list[RankJob]:
+    """The same jobs `launch` would start, in a measurement mode with its options."""
     jobs = build_rank_jobs(
         target.hostfile,
         strategy=target.plan.strategy,

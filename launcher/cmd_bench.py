@@ -19,10 +19,11 @@ from launcher.bench_machine import machine_info, machine_line
 from launcher.bench_report import (
     Row,
     Skipped,
+    bench_document,
     bytes_per_token,
     markdown_table,
     measure,
-    progress_line,
+    run_summary,
     with_speedups,
 )
 from launcher.bench_runs import (
@@ -35,7 +36,13 @@ from launcher.bench_runs import (
     run_calibration,
     run_case,
 )
-from launcher.supervisor import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_RANK_FAILED, Deadlines
+from launcher.supervisor import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_RANK_FAILED,
+    Deadlines,
+    Outcome,
+)
 from topology.calibration import Calibration
 from topology.cluster_file import BACKENDS
 from topology.errors import InputError
@@ -112,21 +119,21 @@ def _planner(
 
 def _calibrate(
     cases: Sequence[Case], model: str, spec: ModelSpec, deadlines: Deadlines
-) -> tuple[Calibration | None, dict[str, Any], int]:
-    """Calibrate over the runnable case with the most hosts; save; (calibration, info, code)."""
+) -> tuple[Calibration | None, int]:
+    """Calibrate over the runnable case with the most hosts and save it; (calibration, code)."""
     from launcher.calibration_store import save_calibration
 
     runnable = [c for c in cases if c.target is not None]
     if not runnable:
-        return None, {}, 0
+        click.echo("calibration: skipped, no size has a valid plan to run it on", err=True)
+        return None, 0
     target = max(runnable, key=lambda c: c.hosts).target
     assert target is not None
     run = run_calibration(target, model, spec, CALIBRATE_LARGE_BYTES, deadlines)
     if run.calibration is None:
         _say_failure("calibration", run.outcome)
-        return None, {}, run.outcome.exit_code
+        return None, run.outcome.exit_code
     path = save_calibration(run.calibration)
-    info = {"path": str(path), **run.calibration.to_json()}
     for link in run.calibration.links:
         click.echo(
             f"calibration: all_sum over {link.ranks} ranks ({link.cost_name}): "
@@ -137,10 +144,10 @@ def _calibrate(
     for host, gbs in run.calibration.host_bandwidth_gbs:
         click.echo(f"calibration: memory bandwidth of {host}: {gbs:.1f} GB/s", err=True)
     click.echo(f"calibration: saved to {path}", err=True)
-    return run.calibration, info, 0
+    return run.calibration, 0
 
 
-def _say_failure(what: str, outcome: Any) -> None:
+def _say_failure(what: str, outcome: Outcome) -> None:
     if outcome.interrupted:
         click.echo("mlx-cluster: interrupted; every rank was stopped", err=True)
     elif outcome.failure is not None:
@@ -183,7 +190,7 @@ def bench_cmd(
         from launcher.bench_plot import require_matplotlib
 
         require_matplotlib()
-    from launcher.calibration_store import load_calibration
+    from launcher.calibration_store import calibration_path, load_calibration
     from launcher.launch_target import model_for_ranks
     from launcher.model_source import load_model_spec
 
@@ -197,10 +204,9 @@ def bench_cmd(
     cases = plan_cases(planner, size_list, strategy_list)
     deadlines = Deadlines()
     model_id = model_for_ranks(model)
-    info: dict[str, Any] = {}
     calibration = saved
     if calibrate:
-        fresh, info, code = _calibrate(cases, model_id, spec, deadlines)
+        fresh, code = _calibrate(cases, model_id, spec, deadlines)
         if code:
             return code
         calibration = saved.merged(fresh) if saved and fresh else fresh or saved
@@ -212,7 +218,10 @@ def bench_cmd(
     click.echo(machine_line(machine))
     click.echo(markdown_table(rows, skipped))
     if json_file is not None:
-        _write_json(json_file, machine, rows, skipped, settings, model_id, info)
+        used = None if calibration is None else {
+            "path": str(calibration_path()), "measured_now": calibrate, **calibration.to_json()
+        }  # fmt: skip
+        _write_json(json_file, bench_document(machine, model_id, settings, rows, skipped, used))
     if plot_file is not None and rows:
         from launcher.bench_plot import write_plot
 
@@ -245,8 +254,13 @@ def _run_all(
     for i, c in enumerate(runnable, 1):
         assert c.target is not None
         started = time.monotonic()
+        # One line per run: begun now (a big model loads for minutes), ended with its numbers.
+        click.echo(
+            f"bench [{i}/{len(runnable)}] {c.label} ({c.target.backend}): ", nl=False, err=True
+        )
         outcome = run_case(c.target, model, settings, Deadlines())
         if outcome.exit_code != 0 or outcome.result is None:
+            click.echo("failed", err=True)
             _say_failure(f"bench {c.label}", outcome)
             if outcome.exit_code in (EXIT_BAD_INPUT, EXIT_INTERRUPTED):
                 return rows, skipped, outcome.exit_code
@@ -257,48 +271,23 @@ def _run_all(
         measured = measure(outcome.result)
         for s in c.strategies:
             calibrated = planner.plan(c.hosts, s, calibration) if calibration else None
-            row = Row(
-                hosts=c.hosts,
-                strategy=s,
-                backend=c.target.backend,
-                measured=measured,
-                bandwidth_gbps=round(per_token * measured.generation_tps / 1e9, 4),
-                predicted_decode_tok_s=planner.plan(c.hosts, s, None).predicted_decode_tok_s,
-                predicted_calibrated_tok_s=calibrated.predicted_decode_tok_s
-                if calibrated
-                else None,
+            predicted_calibrated = calibrated.predicted_decode_tok_s if calibrated else None
+            rows.append(
+                Row(
+                    hosts=c.hosts,
+                    strategy=s,
+                    backend=c.target.backend,
+                    measured=measured,
+                    bandwidth_gbps=round(per_token * measured.generation_tps / 1e9, 4),
+                    predicted_decode_tok_s=planner.plan(c.hosts, s, None).predicted_decode_tok_s,
+                    predicted_calibrated_tok_s=predicted_calibrated,
+                )
             )
-            rows.append(row)
-        click.echo(
-            progress_line(i, len(runnable), c.label, rows[-1], time.monotonic() - started), err=True
-        )
+        click.echo(run_summary(rows[-1], time.monotonic() - started), err=True)
     return rows, skipped, code
 
 
-def _write_json(
-    path: Path,
-    machine: dict[str, Any],
-    rows: Sequence[Row],
-    skipped: Sequence[Skipped],
-    settings: BenchSettings,
-    model: str,
-    calibration: dict[str, Any],
-) -> None:
-    doc = {
-        "machine": machine,
-        "model": model,
-        "settings": {
-            "prompt_tokens": settings.prompt_tokens,
-            "gen_tokens": settings.gen_tokens,
-            "trials": settings.trials,
-            "warmup": settings.warmup,
-        },
-        "results": [r.to_json() for r in rows],
-        "skipped": [
-            {"hosts": s.hosts, "strategy": s.strategy, "reason": s.reason} for s in skipped
-        ],
-        "calibration": calibration or None,
-    }
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
     try:
         path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     except OSError as e:

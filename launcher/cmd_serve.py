@@ -100,7 +100,11 @@ def _listen(
 @click.option("--model", help="Model directory or Hugging Face repo id.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8080, show_default=True, help="0: any free port.")
-@click.option("--api-key", help="Require 'Authorization: Bearer KEY' on /v1/ requests.")
+@click.option(
+    "--api-key",
+    envvar="MLX_CLUSTER_API_KEY",
+    help="Require 'Authorization: Bearer KEY' on /v1/ requests (or set MLX_CLUSTER_API_KEY).",
+)
 @click.option(
     "--max-concurrency",
     type=int,
@@ -141,6 +145,8 @@ def serve_cmd(
 ) -> int:
     """Serve the model over an OpenAI-compatible HTTP API, re-planning when a rank dies."""
     _check(port, max_concurrency, rank_timeout, load_timeout)
+    if api_key is not None and not api_key.strip():
+        raise InputError("--api-key / MLX_CLUSTER_API_KEY is empty: give a key or leave it unset")
     options = _job_options(job_option)
     source = _source(cluster_file, local, model, strategy, backend)
     if source.cluster is not None:
@@ -180,7 +186,7 @@ def _run(cluster: ServeCluster, stopping: threading.Event, url: str, model: str)
             cluster.changed.wait(0.2)
             status, target, first = cluster.status, cluster.target, cluster.first_outcome
         if first is not None:
-            message = first.failure.message() if first.failure else "the ranks stopped"
+            message = first.failure.message() if first.failure else cluster.reason
             _log(f"error: {message}")
             return first.exit_code or EXIT_RANK_FAILED
         if status == "ready" and not announced and target is not None:

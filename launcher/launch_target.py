@@ -23,6 +23,7 @@ from topology.errors import InputError
 from topology.plan import DEFAULT_CONTEXT, Plan
 
 RANK_MODULE = ("-m", "cluster.rank")
+CLUSTER_COPY = "cluster.yaml"  # the cluster file a plan was made from, next to plan.json
 
 
 @dataclass(frozen=True)
@@ -107,14 +108,23 @@ def plan_dir_target(directory: str, model: str | None) -> LaunchTarget:
         )
     if plan.local:
         return LaunchTarget(plan, hostfile)
+    return LaunchTarget(plan, hostfile, _plan_cluster(d, plan, hosts), port=DEFAULT_PORT)
+
+
+def _plan_cluster(d: Path, plan: Plan, hosts: list[Any]) -> ClusterSpec:
+    """How to reach a plan's hosts: DIR/cluster.yaml (ssh options, python, env) when the plan
+    was made from a cluster file, else the hostfile's ssh destinations with default settings."""
+    if (d / CLUSTER_COPY).is_file():
+        from launcher.cmd_topology import read_cluster
+
+        return read_cluster(str(d / CLUSTER_COPY))
     # Through the cluster-file validator: ssh destinations and addresses from a file are
     # checked like any cluster file's before they reach an ssh command line.
     entries = [
         {"name": r.host, "ssh": h.get("ssh") or r.ssh, "ips": list(h.get("ips") or [])}
         for r, h in zip(plan.ranks, hosts, strict=True)
     ]
-    cluster = parse_cluster(yaml.safe_dump({"hosts": entries}), str(d / "hostfile.json"))
-    return LaunchTarget(plan, hostfile, cluster, port=DEFAULT_PORT)
+    return parse_cluster(yaml.safe_dump({"hosts": entries}), str(d / "hostfile.json"))
 
 
 def cluster_target(

@@ -22,8 +22,8 @@ from launcher.launch_target import LaunchTarget, PlanRefused, rank_launches
 from launcher.openai_api import GenerateRequest, new_id
 from launcher.rank_jobs import Generation, build_rank_jobs
 from launcher.rank_process import RankProcess
-from launcher.serve_failover import ServeSource, describe, lost_host
-from launcher.supervisor import EXIT_BAD_INPUT, Deadlines, Outcome, supervise
+from launcher.serve_failover import ServeSource, describe
+from launcher.supervisor import EXIT_BAD_INPUT, EXIT_RANK_FAILED, Deadlines, Outcome, supervise
 from topology.errors import InputError
 
 SILENT_RANK_S = 3.0  # /health: a rank heard from longer ago than this is not "answering"
@@ -77,6 +77,7 @@ class ServeCluster:
         self._send_lock = threading.Lock()
         self._change: _Change | None = None
         self._ready_count = 0  # how many jobs reached "ready"
+        self._pids: dict[int, int] = {}  # rank -> pid, from the ranks' "started" events
         self._thread: threading.Thread | None = None
 
     # --- the runner -------------------------------------------------------------------------
@@ -90,6 +91,17 @@ class ServeCluster:
             self._thread.join(timeout_s)
 
     def _run(self, target: LaunchTarget) -> None:
+        try:
+            self._loop(target)
+        except Exception as e:  # never leave /health saying "restarting" forever
+            reason = f"the rank runner failed: {type(e).__name__}: {e}"
+            self._set_status("down", reason, fail_open=True)
+            self.log(f"{reason}; answering 503")
+            if self._ready_count == 0:
+                self.first_outcome = Outcome(EXIT_RANK_FAILED)
+                self._notify()
+
+    def _loop(self, target: LaunchTarget) -> None:
         while True:
             outcome = self._serve(target)
             reason = outcome.failure.message().splitlines()[0] if outcome.failure else "stopped"
@@ -103,16 +115,22 @@ class ServeCluster:
             if outcome.exit_code == EXIT_BAD_INPUT or outcome.failure is None:
                 return self.log(f"cannot restart the ranks ({reason}); answering 503")
             rank = outcome.failure.rank
-            host = lost_host(target, rank)
             self.log(f"{reason}; re-planning on the hosts that remain")
             change = self._change or _Change("", describe(target), time.monotonic())
-            self._change = replace(change, what=f"rank {rank} ({host}) died")
-            self.source = self.source.without(host)
+            lost, unreachable = self.source.lost_hosts(target, rank, dict(self._pids))
+            if unreachable:
+                what = f"{', '.join(lost)} stopped answering"
+            else:
+                what = f"rank {rank} ({lost[0]}) died"
+            self._change = replace(change, what=what)
+            self.source = self.source.without(lost)
             try:
                 target = self.source.replan()
             except (PlanRefused, InputError) as e:
                 self._set_status("down", f"no plan fits on the hosts that remain: {e}")
                 return self.log(f"no plan fits on the hosts that remain: {e}; answering 503")
+            if self.stop_flag.is_set():
+                return self._set_status("stopped", "mlx-cluster serve is stopping")
             self.log(f"new plan: {describe(target)} ({target.plan.reason}); starting the ranks")
             self._set_status("restarting", f"restarting as {describe(target)} after: {reason}")
 
@@ -131,6 +149,7 @@ class ServeCluster:
         with self.changed:
             self.target = target
             self._heard = [time.monotonic()] * len(jobs)
+            self._pids = {}
         return supervise(
             rank_launches(target, jobs),
             on_text=lambda _text: None,  # serve ranks write nothing on stdout
@@ -149,6 +168,8 @@ class ServeCluster:
         with self.changed:
             if rank < len(self._heard):
                 self._heard[rank] = time.monotonic()
+            if name == "started" and isinstance(event.get("pid"), int):
+                self._pids[rank] = event["pid"]
             ticket = self._tickets.get(str(event.get("id"))) if rank == 0 else None
             if ticket is not None and name in ("begin", "delta", "done", "request_error"):
                 ticket.events.put(event)

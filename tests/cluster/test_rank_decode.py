@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MODELS, PROMPT, Reference, reference
-from rankrun import Rank, ring_jobs, run_ranks
+from rankrun import Rank, Ranks, ring_jobs, run_ranks
 
 from cluster.load import local_files
 from cluster.pipeline_stage import layer_range
@@ -126,14 +126,18 @@ def test_missing_local_file_is_one_clear_error(tiny: Callable[[str], Path], tmp_
     own = tmp_path / "model"
     shutil.copytree(model, own)
     (own / "model-00007-of-00007.safetensors").unlink()  # layer 5: rank 0's
-    jobs = ring_jobs(2, own, "pipeline", prompt=PROMPT, max_tokens=4)
-    ranks = run_ranks(jobs, timeout=60)
-    error = ranks[0].event("error")
-    assert ranks[0].proc.returncode == 2 and error is not None
+    ranks = Ranks(ring_jobs(2, own, "pipeline", prompt=PROMPT, max_tokens=4))
+    r0, r1 = ranks.ranks
+    try:
+        assert r0.proc.wait(60) == 2
+    finally:  # rank 1 then fails or hangs on the lost ring: the launcher stops it; so do we
+        ranks.finish(timeout=5)
+    error = r0.event("error")
+    assert error is not None and error["stage"] == "load"
     assert "lacks model-00007-of-00007.safetensors" in error["message"]
     assert "layers 3-5" in error["message"]
-    assert ranks[0].stderr == []  # no traceback
-    assert ranks[1].proc.returncode != 0  # its peer is gone: it must not hang or succeed
+    assert r0.stderr == []  # no traceback
+    assert r1.proc.returncode != 0 and r1.event("done") is None
 
 
 def test_collectives_after_decoding_do_not_race_the_step_mlx_lm_ran_ahead(tmp_path: Path) -> None:

@@ -170,3 +170,11 @@ def test_shapes_are_checked_from_the_config(
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_shapes({**base, **config}, strategy, size, split)
     check_shapes(base, "tensor", 8, None)  # the base itself splits 8 ways
+
+
+def test_empty_prompt_is_refused_by_every_rank_together(tiny: Callable[[str], Path]) -> None:
+    jobs = ring_jobs(2, tiny("llama"), prompt="", use_chat_template=False)
+    ranks = run_ranks(jobs, timeout=60)
+    for rank in ranks:
+        assert rank.proc.returncode == 2
+        assert "prompt is empty" in only_error(rank.events)["message"]

@@ -14,7 +14,12 @@ from typing import Any
 from hosts.netns import REPO, VENV_PYTHON, EmulatedHosts
 
 CLI = REPO / ".venv" / "bin" / "mlx-cluster"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _env() -> dict[str, str]:
+    # Read at call time: tests point MLX_CLUSTER_CACHE at a temp dir (no user calibration).
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
 
 _REFERENCE = """
 import json, sys
@@ -31,14 +36,14 @@ print(json.dumps([r.token for r in steps]))
 def reference_tokens(model: Path, prompt: str, max_tokens: int) -> list[int]:
     """Greedy tokens from plain mlx-lm in one process: what every cluster run must equal."""
     argv = [str(VENV_PYTHON), "-c", _REFERENCE, str(model), prompt, str(max_tokens)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=ENV, check=True)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=_env(), check=True)
     tokens: list[int] = json.loads(done.stdout.strip().splitlines()[-1])
     return tokens
 
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(CLI), *args], capture_output=True, text=True, timeout=timeout, env=ENV
+        [str(CLI), *args], capture_output=True, text=True, timeout=timeout, env=_env()
     )
 
 
@@ -57,7 +62,7 @@ class Streaming:
             [str(CLI), "launch", str(cluster), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=ENV,
+            env=_env(),
         )
         self.out, self.err = bytearray(), bytearray()
         self.first_text = threading.Event()

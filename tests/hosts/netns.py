@@ -19,11 +19,9 @@ a crashed run's leftovers are found and removed by the next run):
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -207,33 +205,14 @@ class EmulatedHosts:
         for host in self.hosts:
             state = self.tmp / host.name
             state.mkdir()
-            host_pub = openssh.keygen(state / "host_key", f"{self.tag}-{host.name}")
             addresses = [host.ip, *(host.mesh_ips[j] for j in sorted(host.mesh_ips))]
+            host.sshd, host_pub = openssh.start_sshd(host.ns, state, authorized, addresses)
             known.append(openssh.known_hosts_line(addresses, host_pub))
-            config = openssh.sshd_config(state, state / "host_key", authorized, addresses)
-            openssh.check_config(config)
-            with (state / "sshd.log").open("wb") as log:
-                host.sshd = subprocess.Popen(
-                    ["ip", "netns", "exec", host.ns, openssh.SSHD, "-D", "-e", "-f", str(config)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                )
         self.known_hosts = self.tmp / "known_hosts"
         self.known_hosts.write_text("\n".join(known) + "\n")
         for host in self.hosts:
-            self._wait_for_port(host, 22, timeout_s=15)
-
-    def _wait_for_port(self, host: Host, port: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if host.sshd is not None and host.sshd.poll() is not None:
-                log = (self.tmp / host.name / "sshd.log").read_text(errors="replace")
-                raise RuntimeError(f"sshd on {host.name} exited: {log.strip()[-500:]}")
-            with contextlib.suppress(OSError), socket.create_connection((host.ip, port), 0.5):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"sshd on {host.name} ({host.ip}:{port}) not reachable in {timeout_s}s")
+            assert host.sshd is not None
+            openssh.wait_for_sshd(host.sshd, host.ip, self.tmp / host.name, timeout_s=15)
 
     # -- tearing down ---------------------------------------------------------------------
     def close(self) -> None:

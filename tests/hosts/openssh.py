@@ -7,7 +7,10 @@ run with StrictHostKeyChecking=yes exactly like a user who has verified their Ma
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,6 +66,39 @@ def check_config(config: Path) -> None:
     )
     if done.returncode != 0:
         raise RuntimeError(f"sshd -t {config}: {done.stderr.strip()}")
+
+
+def start_sshd(
+    ns: str, state_dir: Path, authorized_keys: Path, listen: Sequence[str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start one host's sshd in namespace `ns` (foreground, log in state_dir/sshd.log);
+    return the process and the host's public key line."""
+    host_pub = keygen(state_dir / "host_key", f"{ns}-host")
+    config = sshd_config(state_dir, state_dir / "host_key", authorized_keys, listen)
+    check_config(config)
+    with (state_dir / "sshd.log").open("wb") as log:
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+    return proc, host_pub
+
+
+def wait_for_sshd(
+    proc: subprocess.Popen[bytes], ip: str, state_dir: Path, timeout_s: float
+) -> None:
+    """Until `ip:22` accepts connections; fail with sshd's log if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log = (state_dir / "sshd.log").read_text(errors="replace")
+            raise RuntimeError(f"sshd for {ip} exited: {log.strip()[-500:]}")
+        with contextlib.suppress(OSError), socket.create_connection((ip, 22), 0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"sshd at {ip}:22 not reachable in {timeout_s}s")
 
 
 def known_hosts_line(addresses: Sequence[str], host_pub: str) -> str:

@@ -34,6 +34,12 @@ LINUX = {"wired_limit_gb": 4}  # Linux hosts report no memory: say it, as a user
 MakeHosts = Callable[..., EmulatedHosts]
 
 
+@pytest.fixture(autouse=True)
+def _no_user_calibration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # plan/launch read a saved calibration from the cache dir: never the user's in tests.
+    monkeypatch.setenv("MLX_CLUSTER_CACHE", str(tmp_path / "cache"))
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from cluster.tiny_model import write_tiny_model
@@ -237,11 +243,10 @@ def test_topology_check_over_ssh_says_linux_hosts_are_not_macs_and_ring_only(
 ) -> None:
     hosts = make_hosts(2, topology="switch")
     cluster = hosts.cluster_yaml(tmp_path / "cluster.yaml", host_keys=LINUX)
-    done = cli("topology", "check", str(cluster), "--json")
+    done = cli("topology", "check", str(cluster), "--backend", "ring", "--json")
+    assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert done.returncode == 1 and report["ok"] is False  # the default target, jaccl, is blocked
-    assert report["backend"] == "ring"
+    assert report["ok"] is True and report["backend"] == "ring"  # ring is the best there is
     not_macs = [p for p in report["problems"] if p["code"] == "not_a_mac"]
     assert sorted(h for p in not_macs for h in p["hosts"]) == ["h0", "h1"]
-    done = cli("topology", "check", str(cluster), "--backend", "ring", "--json")
-    assert done.returncode == 0 and json.loads(done.stdout)["ok"] is True
+    assert all(p["severity"] == "warning" and "ring" in p["message"] for p in not_macs)

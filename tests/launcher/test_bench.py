@@ -16,6 +16,7 @@ import pytest
 from launch_helpers import MARKER_VAR, rank_pids
 
 from cluster.tiny_model import write_tiny_model
+from launcher.bench_report import Row, measure, percentile, with_speedups
 from launcher.calibration_store import load_calibration
 from launcher.cluster_plan import this_machine
 from launcher.model_source import load_model_spec
@@ -123,6 +124,39 @@ def test_calibrate_saves_numbers_the_planner_then_uses(model: Path, tmp_path: Pa
         )  # fmt: skip
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["predicted_decode_tok_s"] == want.predicted_decode_tok_s
+
+
+def test_rates_and_latencies_from_token_times() -> None:
+    result = {
+        "prompt_tokens": 10,
+        "peak_memory_bytes": [7, 9],
+        "trials": [{"token_times_s": [0.5, 0.6, 0.8, 0.9]}, {"token_times_s": [0.3, 0.4, 0.5]}],
+    }
+    m = measure(result)
+    assert m.ttft_s == pytest.approx(0.4)  # median of 0.5 and 0.3
+    assert m.prompt_tps == pytest.approx((20 + 10 / 0.3) / 2, rel=1e-3)
+    assert m.generation_tps == pytest.approx((3 / 0.4 + 2 / 0.2) / 2, rel=1e-3)
+    # gaps 0.1 0.2 0.1 0.1 0.1: p50 0.1 s; p99 interpolates towards the one slow gap
+    assert m.itl_p50_ms == pytest.approx(100.0)
+    assert m.itl_p99_ms == pytest.approx(196.0)
+    assert (m.peak_memory_bytes, m.trials) == ((7, 9), 2)
+    assert percentile([3.0], 99) == 3.0
+    with pytest.raises(ValueError):
+        measure({**result, "trials": [{"token_times_s": [0.5]}]})
+
+
+def test_speedup_is_against_the_one_host_run() -> None:
+    def row(hosts: int, tps: float) -> Row:
+        m = measure({"prompt_tokens": 1, "peak_memory_bytes": [1] * hosts,
+                     "trials": [{"token_times_s": [1.0, 1.0 + 1 / tps]}]})  # fmt: skip
+        return Row(hosts, "tensor", "ring", m, 0.0, None)
+
+    one, two, four = with_speedups([row(1, 10.0), row(2, 15.0), row(4, 30.0)])
+    assert (one.speedup, one.efficiency) == (1.0, 1.0)
+    assert two.speedup == pytest.approx(1.5) and two.efficiency == pytest.approx(0.75)
+    assert four.speedup == pytest.approx(3.0) and four.efficiency == pytest.approx(0.75)
+    (alone,) = with_speedups([row(2, 15.0)])  # no 1-host run: nothing to compare with
+    assert alone.speedup is None and alone.efficiency is None
 
 
 @pytest.mark.parametrize(
