@@ -103,29 +103,26 @@ class StopScanner:
 
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
-        self.text = ""
-        self.sent = 0
+        self.pending = ""  # text not sent yet: it may be the start of a stop string
 
     def feed(self, piece: str) -> tuple[str, bool]:
         """(text safe to send now, whether a stop string ended the text)."""
-        self.text += piece
-        hits = [i for s in self.stops if (i := self.text.find(s, self.sent)) >= 0]
+        text = self.pending + piece
+        hits = [i for s in self.stops if (i := text.find(s)) >= 0]
         if hits:
-            return self._send_to(min(hits)), True
+            self.pending = ""
+            return text[: min(hits)], True
         hold = 0
         for s in self.stops:
-            for k in range(min(len(s) - 1, len(self.text) - self.sent), hold, -1):
-                if self.text.endswith(s[:k]):
+            for k in range(min(len(s) - 1, len(text)), hold, -1):
+                if text.endswith(s[:k]):
                     hold = k
                     break
-        return self._send_to(len(self.text) - hold), False
+        self.pending = text[len(text) - hold :]
+        return text[: len(text) - hold], False
 
     def flush(self) -> str:
-        return self._send_to(len(self.text))
-
-    def _send_to(self, end: int) -> str:
-        out = self.text[self.sent : end]
-        self.sent = max(self.sent, end)
+        out, self.pending = self.pending, ""
         return out
 
 
