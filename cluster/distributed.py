@@ -102,14 +102,18 @@ def _parse(content: str, name: str) -> Any:
 def job_environment(job: RankJob) -> Iterator[dict[str, str]]:
     """Set the job's env (files in a private temp dir) for the duration of `init_group`.
 
-    The files are only read while MLX initialises, so the directory goes away afterwards.
+    The files are only read while MLX initialises, so the directory goes away afterwards, and
+    the environment is put back so no variable points at a deleted file.
     """
     file_dir = Path(tempfile.mkdtemp(prefix=f"mlx-cluster-rank{job.rank}-"))
+    saved = dict(os.environ)
     try:
         env = job_env(job, file_dir)
         os.environ.update(env)
         yield env
     finally:
+        os.environ.clear()
+        os.environ.update(saved)
         shutil.rmtree(file_dir, ignore_errors=True)
 
 

@@ -37,6 +37,10 @@ class RankJob:
     # (MLX_HOSTFILE, MLX_IBV_DEVICES), as mlx.launch does.
     files: dict[str, str] = field(default_factory=dict)
     heartbeat_s: float = 1.0  # how often the rank says it is alive
+    # The rank's own deadlines (0 = off), enforced by cluster/rank_guard.py outside the GIL: a
+    # rank cut off from the launcher and its peers must not live on holding the model.
+    stall_timeout_s: float = 0.0  # no progress while decoding
+    load_timeout_s: float = 0.0  # no progress before decoding starts
     mode: str = "generate"  # "generate" | "serve" | "bench"
     options: dict[str, Any] = field(default_factory=dict)  # mode-specific settings
 
@@ -49,7 +53,9 @@ class RankJob:
         known = {f.name for f in fields(cls)}
         unknown = set(raw) - known
         if unknown:
-            raise ValueError(f"unknown job fields {sorted(unknown)}: launcher and rank versions differ")
+            raise ValueError(
+                f"unknown job fields {sorted(unknown)}: launcher and rank versions differ"
+            )
         if raw.get("layer_split") is not None:
             raw["layer_split"] = tuple(raw["layer_split"])
         return cls(**raw)

@@ -1,19 +1,22 @@
 """`python -m cluster.rank`: one rank of a cluster job (see cluster/job.py for the contract).
 
-Reads the RankJob line from stdin, then: a watchdog thread keeps reading stdin and hard-exits
-the process at EOF (the launcher is gone), a heartbeat thread reports every heartbeat_s, and
-the main thread initialises MLX distributed, loads this rank's shard and decodes. Both
-threads keep running while the main thread waits inside an MLX collective (MLX releases the
-GIL there; measured with the ring backend and a SIGSTOPped peer), so a stuck rank still
-exits when the launcher closes its stdin. Exit codes: 0 done, 1 failed, 2 unusable input
-(model, shapes, job), 3 the launcher went away, 130 interrupted.
+Reads the RankJob line from stdin, then hands stdin to a small guard process
+(cluster/rank_guard.py) that relays the launcher's lines and kills this rank when the launcher
+is gone or progress stalls — even while an MLX call holds the GIL. Here a watchdog thread exits
+at stdin EOF (the usual, GIL-free case), a heartbeat thread reports every heartbeat_s, and the
+main thread initialises MLX distributed, loads this rank's shard and decodes. Exit codes: 0
+done, 1 failed, 2 unusable input (model, shapes, job), 3 the launcher went away, 130
+interrupted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import queue
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -29,15 +32,23 @@ EXIT_FAILED, EXIT_INPUT, EXIT_ORPHANED = 1, 2, 3
 class Reporter:
     """Event lines on stderr (one writer at a time) and what the heartbeat says."""
 
-    def __init__(self, stream: TextIO, rank: int) -> None:
+    def __init__(self, stream: TextIO, rank: int, progress_fd: int | None = None) -> None:
         self.stream, self.rank = stream, rank
+        self.progress_fd = progress_fd  # the guard's progress pipe
         self.lock = threading.Lock()
         self.stage = "starting"
         self.last_progress = time.monotonic()
 
+    def _progressed(self) -> None:
+        self.last_progress = time.monotonic()
+        if self.progress_fd is not None:
+            # guard gone or pipe full: either way the guard already knows enough
+            with contextlib.suppress(OSError):
+                os.write(self.progress_fd, b"D" if self.stage == "decode" else b".")
+
     def emit(self, event: str, **data: Any) -> None:
         if event in ("progress", "loading"):
-            self.last_progress = time.monotonic()
+            self._progressed()
         line = event_line(event, **{"rank": self.rank, **data})
         with self.lock:
             try:
@@ -49,7 +60,7 @@ class Reporter:
     def enter(self, stage: str, **data: Any) -> None:
         self.stage = stage
         self.emit(stage, **data)
-        self.last_progress = time.monotonic()
+        self._progressed()
 
     def heartbeat(self) -> None:
         age = round(time.monotonic() - self.last_progress, 3)
@@ -74,6 +85,42 @@ def _beat(reporter: Reporter, every: float) -> None:
     while True:
         time.sleep(every)
         reporter.heartbeat()
+
+
+def _read_job_line() -> str:
+    """The first line of fd 0, read byte by byte so nothing after it is buffered here."""
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte:
+            break
+        data += byte
+    return data.decode("utf-8", errors="replace")
+
+
+_GUARD: list[subprocess.Popen[bytes]] = []  # kept referenced for the rank's lifetime
+
+
+def _start_guard(job: RankJob) -> int:
+    """Start cluster/rank_guard.py on our stdin; our fd 0 becomes its relay. Returns the
+    progress pipe's write end."""
+    relay_r, relay_w = os.pipe()
+    progress_r, progress_w = os.pipe()
+    argv = [str(os.getpid()), str(job.rank), str(job.stall_timeout_s), str(job.load_timeout_s)]
+    _GUARD.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "cluster.rank_guard", *argv, str(progress_r)],
+            stdin=0,
+            stdout=relay_w,
+            pass_fds=(progress_r,),
+        )
+    )
+    os.close(relay_w)
+    os.close(progress_r)
+    os.dup2(relay_r, 0)
+    os.close(relay_r)
+    os.set_blocking(progress_w, False)
+    return progress_w
 
 
 def run(job: RankJob, reporter: Reporter, text_out: TextIO) -> None:
@@ -122,15 +169,16 @@ def run(job: RankJob, reporter: Reporter, text_out: TextIO) -> None:
 
 def main() -> int:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # "PyTorch was not found"
-    stdin, stderr, text_out = sys.stdin, sys.stderr, sys.stdout
+    stderr, text_out = sys.stderr, sys.stdout
     sys.stdout = sys.stderr  # stray prints from libraries must not mix with the text
-    line = stdin.readline()
     try:
-        job = RankJob.from_line(line)
+        job = RankJob.from_line(_read_job_line())
     except (ValueError, TypeError) as e:
         stderr.write(event_line("error", rank=None, kind="input", message=f"bad job line: {e}"))
         return EXIT_INPUT
-    reporter = Reporter(stderr, job.rank)
+    progress_fd = _start_guard(job)
+    stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    reporter = Reporter(stderr, job.rank, progress_fd)
     threading.Thread(target=_watch_stdin, args=(stdin,), daemon=True).start()
     threading.Thread(target=_beat, args=(reporter, max(job.heartbeat_s, 0.05)), daemon=True).start()
     reporter.enter("started", pid=os.getpid(), host=socket.gethostname())

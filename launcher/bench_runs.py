@@ -133,7 +133,7 @@ def _jobs(
         generation=Generation(prompt="", seed=seed),
         layer_split=target.plan.layer_split,
         port=target.port,
-        heartbeat_s=min(1.0, deadlines.rank_timeout_s / 5),
+        deadlines=deadlines,
     )
     return [replace(j, mode=mode, options=dict(options)) for j in jobs]
 

@@ -115,7 +115,7 @@ def run_launch(
         generation=generation,
         layer_split=target.plan.layer_split,
         port=target.port,
-        heartbeat_s=min(1.0, deadlines.rank_timeout_s / 5),
+        deadlines=deadlines,
     )
     if options:
         jobs = [replace(j, options=dict(options)) for j in jobs]

@@ -36,11 +36,13 @@ def _out_dir(out: Path) -> None:
         raise InputError(f"--out {out}: its parent directory {out.parent} does not exist")
 
 
-def _write(out: Path, plan: Plan, hostfile: dict[str, Any]) -> None:
+def _write(out: Path, plan: Plan, hostfile: dict[str, Any], cluster: str | None) -> None:
     try:
         out.mkdir(exist_ok=True)
         (out / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")
         (out / "hostfile.json").write_text(json.dumps(hostfile, indent=2) + "\n")
+        if cluster:  # `launch --plan DIR` takes ssh options and per-host python from it
+            (out / "cluster.yaml").write_bytes(Path(cluster).read_bytes())
     except OSError as e:
         raise InputError(f"--out {out}: cannot write the plan ({e.strerror})") from None
 
@@ -74,7 +76,7 @@ def _write(out: Path, plan: Plan, hostfile: dict[str, Any]) -> None:
     "--out",
     type=click.Path(path_type=Path),
     metavar="DIR",
-    help="Write plan.json and hostfile.json here.",
+    help="Write plan.json and hostfile.json (and the cluster file) here.",
 )
 @click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON object instead of the report."
@@ -119,7 +121,7 @@ def plan_cmd(
                 context=context,
             )  # fmt: skip
     if out is not None and plan.ok:
-        _write(out, plan, hostfile)
+        _write(out, plan, hostfile, cluster)
     if as_json:
         click.echo(json.dumps(plan.to_json(), indent=2))
     else:

@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.job import RankJob
+from launcher.supervisor import Deadlines
 from topology.errors import InputError
+
+RANK_DEADLINE_MARGIN_S = 2.0
 
 DEFAULT_PORT = 32323  # mlx.launch's --starting-port
 LOCAL_IP = "127.0.0.1"
@@ -115,11 +118,12 @@ def build_rank_jobs(
     layer_split: Sequence[int] | None = None,
     extra_env: Sequence[str] = (),
     port: int | None = None,
-    heartbeat_s: float = 1.0,
+    deadlines: Deadlines | None = None,
 ) -> list[RankJob]:
     """A RankJob per host of the hostfile, in rank order. port=None: free local ports."""
     hosts = _hosts(hostfile)
     n = len(hosts)
+    deadlines = deadlines or Deadlines()
     backend = str(hostfile.get("backend") or "ring")
     env = _env_list([*hostfile.get("envs", []), *extra_env], "env")
     files: dict[str, str] = {}
@@ -153,7 +157,11 @@ def build_rank_jobs(
             use_chat_template=generation.use_chat_template,
             env={**env, "MLX_RANK": str(rank)},
             files=dict(files),
-            heartbeat_s=heartbeat_s,
+            heartbeat_s=min(1.0, deadlines.rank_timeout_s / 5),
+            # The rank stops itself a little after the launcher would have: when the launcher
+            # is alive its message wins; when it is cut off, the rank still goes.
+            stall_timeout_s=deadlines.rank_timeout_s + RANK_DEADLINE_MARGIN_S,
+            load_timeout_s=deadlines.load_timeout_s + RANK_DEADLINE_MARGIN_S,
         )
         for rank in range(n)
     ]

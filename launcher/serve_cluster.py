@@ -143,7 +143,7 @@ class ServeCluster:
             generation=Generation(prompt=""),
             layer_split=target.plan.layer_split,
             port=target.port,
-            heartbeat_s=min(1.0, self.deadlines.rank_timeout_s / 5),
+            deadlines=self.deadlines,
         )
         jobs = [replace(j, mode="serve", options=dict(self.options)) for j in jobs]
         with self.changed:

@@ -1,8 +1,2 @@
-"""Shared test settings: every test runs from the repository root."""
-
-from __future__ import annotations
-
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+"""Test settings shared by every package: nothing global yet; paths live in tests/paths.py
+(a plain module, because every folder's conftest.py is a module named `conftest`)."""

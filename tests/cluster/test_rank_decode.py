@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import MODELS, PROMPT, Reference, reference
 from rankrun import Rank, Ranks, ring_jobs, run_ranks
+from references import MODELS, PROMPT, Reference, reference
 
 from cluster.load import local_files
 from cluster.pipeline_stage import layer_range

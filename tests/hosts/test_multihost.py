@@ -163,7 +163,6 @@ def test_link_cut_mid_decode_stops_launcher_within_10s_and_ranks_within_20s(
     assert "no progress" in run.stderr() or "sent nothing" in run.stderr(), run.stderr()
 
 
-@pytest.mark.xfail(strict=True, reason="needs the rank-side stall deadline (runtime_protocol #13)")
 def test_host_unplugged_mid_decode_exits_by_itself(
     make_hosts: MakeHosts, models: dict[str, Path], tmp_path: Path
 ) -> None:

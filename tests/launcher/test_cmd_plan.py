@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import synth
-from conftest import FIXTURES, ROOT
 from mlx._distributed_utils.common import Hostfile
+from paths import FIXTURES, ROOT
 
 from topology.plan import Plan
 
@@ -227,6 +227,8 @@ def test_cluster_file_is_probed_live(tiny: Path, tmp_path: Path) -> None:
     assert any("not checked" in a for a in plan["assumptions"])
     hostfile = Hostfile.from_file(tmp_path / "p" / "hostfile.json")
     assert [(h.ssh_hostname, h.ips) for h in hostfile.hosts] == [("localhost", ["127.0.0.1"])]
+    # `launch --plan` reads ssh options and per-host python from the copied cluster file
+    assert (tmp_path / "p" / "cluster.yaml").read_bytes() == cluster.read_bytes()
 
 
 def test_unreachable_hub_fails_fast_in_one_line(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import synth
-from conftest import ROOT
+from paths import ROOT
 
 CLI = str(ROOT / ".venv" / "bin" / "mlx-cluster")
 SNAPSHOTS = ROOT / "hostfiles" / "snapshots"

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from paths import ROOT
 
 MLX_CLUSTER = str(ROOT / ".venv" / "bin" / "mlx-cluster")
 

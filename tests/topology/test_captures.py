@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import FIXTURES
+from paths import FIXTURES
 
 from topology.facts import SNAPSHOT_FILES, HostFacts
 from topology.host_facts import host_facts

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import synth
-from conftest import FIXTURES, ROOT
 from mlx._distributed_utils.common import Hostfile
+from paths import FIXTURES, ROOT
 
 from topology.facts import CheckResult
 from topology.hostfile import hostfile_json

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FIXTURES
+from paths import FIXTURES
 
 from topology.errors import InputError
 from topology.model_spec import ModelSpec, spec_from_config

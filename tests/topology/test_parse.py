@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FIXTURES
+from paths import FIXTURES
 
 from topology.facts import IfaceAddr, RdmaDevice
 from topology.parse import (

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import synth
-from conftest import FIXTURES
+from paths import FIXTURES
 
 from topology.chips import GIB, max_wired_bytes
 from topology.facts import CheckResult, HostFacts
