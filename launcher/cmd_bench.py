@@ -36,6 +36,7 @@ from launcher.bench_runs import (
     run_calibration,
     run_case,
 )
+from launcher.run_options import check_hosts_source
 from launcher.supervisor import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -94,17 +95,10 @@ def _planner(
     cluster_file: str | None, local: int | None, spec: ModelSpec, backend: str | None, context: int
 ) -> BenchPlanner | int:
     """The planner for --local N or a cluster file; an exit code when hosts do not answer."""
-    if (cluster_file is None) == (local is None):
-        raise InputError("give exactly one of CLUSTER.yaml or --local N")
+    check_hosts_source(cluster_file, local, backend)
     if local is not None:
         from launcher.cluster_plan import this_machine
 
-        if local < 1:
-            raise InputError(f"--local needs at least 1 rank, got {local}")
-        if backend not in (None, "auto", "ring"):
-            raise InputError(
-                f"--local runs over ring on 127.0.0.1; --backend {backend} needs hosts"
-            )
         return local_planner(this_machine(), local, spec, context)
     from launcher.cmd_topology import probe_facts, read_cluster
     from launcher.reachability import refuse_unreachable

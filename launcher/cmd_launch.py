@@ -24,8 +24,15 @@ from launcher.launch_target import (
     rank_launches,
 )
 from launcher.rank_jobs import Generation, build_rank_jobs
+from launcher.run_options import (
+    check_deadlines,
+    check_local,
+    deadline_options,
+    job_options,
+    placement_options,
+)
 from launcher.supervisor import EXIT_RANK_FAILED, Deadlines, Outcome, supervise
-from topology.cluster_file import BACKENDS, STRATEGIES, ClusterSpec
+from topology.cluster_file import ClusterSpec
 from topology.errors import InputError
 
 
@@ -137,26 +144,13 @@ def run_launch(
     return LaunchRun(outcome, target)
 
 
-def _job_options(items: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        try:
-            out[key] = json.loads(value) if sep else True
-        except json.JSONDecodeError:
-            raise InputError(f"--job-option {item}: the value must be JSON") from None
-    return out
-
-
-def _check_numbers(max_tokens: int, temp: float, top_p: float, rank_timeout: float) -> None:
+def _check_numbers(max_tokens: int, temp: float, top_p: float) -> None:
     if max_tokens < 1:
         raise InputError(f"--max-tokens must be at least 1, got {max_tokens}")
     if temp < 0:
         raise InputError(f"--temp must be 0 (greedy) or more, got {temp}")
     if not 0 < top_p <= 1:
         raise InputError(f"--top-p must be in (0, 1], got {top_p}")
-    if rank_timeout <= 0:
-        raise InputError(f"--rank-timeout must be a positive number of seconds, got {rank_timeout}")
 
 
 def resolve_target(
@@ -178,10 +172,7 @@ def resolve_target(
     if model is None:
         raise InputError("--model is required: a model directory or a Hugging Face repo id")
     if local is not None:
-        if backend not in (None, "auto", "ring"):
-            raise InputError(
-                f"--local runs over ring on 127.0.0.1; --backend {backend} needs hosts"
-            )
+        check_local(local, backend)
         return local_target(local, model, strategy or "auto")
     assert cluster is not None
     return cluster_target(cluster, model, strategy, backend)
@@ -210,24 +201,10 @@ def _unreachable(cluster: ClusterSpec | None) -> int:
 @click.option("--temp", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--strategy", type=click.Choice(STRATEGIES), help="Default: the cluster's, or auto.")
-@click.option("--backend", type=click.Choice(BACKENDS), help="Default: the best one available.")
+@placement_options
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line at the end.")
-@click.option(
-    "--rank-timeout",
-    type=float,
-    default=Deadlines.rank_timeout_s,
-    show_default=True,
-    help="Seconds a rank may go silent or the job make no progress before all ranks are stopped.",
-)
-@click.option(
-    "--load-timeout",
-    type=float,
-    default=Deadlines.load_timeout_s,
-    show_default=True,
-    help="The same allowance while weights load (reset by each loading step).",
-)
+@deadline_options(Deadlines.rank_timeout_s, "every rank is stopped")
 @click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
 def launch(
     cluster_file: str | None,
@@ -248,10 +225,9 @@ def launch(
     job_option: tuple[str, ...],
 ) -> int:
     """Run the model across the hosts and stream the generated text."""
-    _check_numbers(max_tokens, temp, top_p, rank_timeout)
-    if load_timeout < rank_timeout:
-        raise InputError("--load-timeout must be at least --rank-timeout")
-    options = _job_options(job_option)
+    _check_numbers(max_tokens, temp, top_p)
+    deadlines = check_deadlines(rank_timeout, load_timeout)
+    options = job_options(job_option)
     if sum(x is not None for x in (cluster_file, local, plan_dir)) != 1:
         raise InputError("give exactly one of CLUSTER.yaml, --local N or --plan DIR")
     cluster = read_cluster(cluster_file) if cluster_file is not None else None
@@ -265,7 +241,6 @@ def launch(
     if plan_dir is not None and (code := _unreachable(target.cluster)):
         return code
     generation = Generation(prompt, max_tokens, temp, top_p, seed, not ignore_chat_template)
-    deadlines = Deadlines(rank_timeout_s=rank_timeout, load_timeout_s=load_timeout)
     run = run_launch(
         target,
         model_for_ranks(model or target.plan.model),

@@ -8,22 +8,24 @@ run in serve mode (cluster/serve_loop.py). One line on stdout once the model is 
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import click
 
-from launcher.cmd_launch import _job_options
 from launcher.cmd_topology import read_cluster
 from launcher.launch_target import PlanRefused, model_for_ranks
+from launcher.run_options import (
+    check_deadlines,
+    check_hosts_source,
+    deadline_options,
+    job_options,
+    placement_options,
+)
 from launcher.serve_cluster import ServeCluster
 from launcher.serve_failover import ServeSource, describe
 from launcher.serve_http import ServeServer
-from launcher.supervisor import EXIT_RANK_FAILED, Deadlines
-from topology.cluster_file import BACKENDS, STRATEGIES
+from launcher.supervisor import EXIT_RANK_FAILED, interrupt_flag
 from topology.errors import InputError
 
 RANK_TIMEOUT_S = 6.0  # lower than launch's: a lost rank must fail its request within 10 s
@@ -34,30 +36,11 @@ def _log(message: str) -> None:
     click.echo(f"mlx-cluster: {message}", err=True)
 
 
-def _check(port: int, max_concurrency: int, rank_timeout: float, load_timeout: float) -> None:
+def _check(port: int, max_concurrency: int) -> None:
     if not 0 <= port <= 65535:
         raise InputError(f"--port must be 0-65535 (0: any free port), got {port}")
     if max_concurrency < 1:
         raise InputError(f"--max-concurrency must be at least 1, got {max_concurrency}")
-    if rank_timeout <= 0:
-        raise InputError(f"--rank-timeout must be a positive number of seconds, got {rank_timeout}")
-    if load_timeout < rank_timeout:
-        raise InputError("--load-timeout must be at least --rank-timeout")
-
-
-@contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
-    """Ctrl-C, SIGTERM and SIGHUP ask serve to stop (ranks first, then the server)."""
-    flag = threading.Event()
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    old = {s: signal.getsignal(s) for s in sigs}
-    for s in sigs:
-        signal.signal(s, lambda _n, _f: flag.set())
-    try:
-        yield flag
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _source(
@@ -67,17 +50,10 @@ def _source(
     strategy: str | None,
     backend: str | None,
 ) -> ServeSource:
-    if (cluster_file is None) == (local is None):
-        raise InputError("give exactly one of CLUSTER.yaml or --local N")
+    check_hosts_source(cluster_file, local, backend)
     if model is None:
         raise InputError("--model is required: a model directory or a Hugging Face repo id")
     if local is not None:
-        if local < 1:
-            raise InputError(f"--local needs at least 1 rank, got {local}")
-        if backend not in (None, "auto", "ring"):
-            raise InputError(
-                f"--local runs over ring on 127.0.0.1; --backend {backend} needs hosts"
-            )
         return ServeSource(model, strategy, backend, local=local)
     assert cluster_file is not None
     return ServeSource(model, strategy, backend, cluster=read_cluster(cluster_file))
@@ -112,22 +88,8 @@ def _listen(
     show_default=True,
     help="Requests open at once (queued or decoding); more get 429.",
 )
-@click.option("--strategy", type=click.Choice(STRATEGIES), help="Default: the cluster's, or auto.")
-@click.option("--backend", type=click.Choice(BACKENDS), help="Default: the best one available.")
-@click.option(
-    "--rank-timeout",
-    type=float,
-    default=RANK_TIMEOUT_S,
-    show_default=True,
-    help="Seconds a rank may go silent or make no progress before serve fails over.",
-)
-@click.option(
-    "--load-timeout",
-    type=float,
-    default=Deadlines.load_timeout_s,
-    show_default=True,
-    help="The same allowance while weights load (reset by each loading step).",
-)
+@placement_options
+@deadline_options(RANK_TIMEOUT_S, "serve fails over")
 @click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
 def serve_cmd(
     cluster_file: str | None,
@@ -144,10 +106,11 @@ def serve_cmd(
     job_option: tuple[str, ...],
 ) -> int:
     """Serve the model over an OpenAI-compatible HTTP API, re-planning when a rank dies."""
-    _check(port, max_concurrency, rank_timeout, load_timeout)
+    _check(port, max_concurrency)
+    deadlines = check_deadlines(rank_timeout, load_timeout)
     if api_key is not None and not api_key.strip():
         raise InputError("--api-key / MLX_CLUSTER_API_KEY is empty: give a key or leave it unset")
-    options = _job_options(job_option)
+    options = job_options(job_option)
     source = _source(cluster_file, local, model, strategy, backend)
     if source.cluster is not None:
         from launcher.reachability import refuse_unreachable
@@ -160,7 +123,6 @@ def serve_cmd(
         _log(str(e))
         return EXIT_RANK_FAILED
     assert model is not None
-    deadlines = Deadlines(rank_timeout_s=rank_timeout, load_timeout_s=load_timeout)
     cluster = ServeCluster(
         source, model_for_ranks(model), deadlines, options, _log, max_concurrency
     )
@@ -168,7 +130,7 @@ def serve_cmd(
     url = f"http://{host}:{server.server_address[1]}/v1"
     threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
     try:
-        with _stop_on_signals() as stopping:
+        with interrupt_flag() as stopping:  # Ctrl-C/SIGTERM/SIGHUP: ranks first, then the server
             cluster.start(target)
             _log(f"listening on {url}; loading {model} as {describe(target)} ({target.backend})")
             return _run(cluster, stopping, url, model)

@@ -104,7 +104,7 @@ def _overdue(clock: _Clock, d: Deadlines, alive: list[int], now: float) -> tuple
 
 
 @contextlib.contextmanager
-def _interrupt_flag(stop: threading.Event | None = None) -> Iterator[threading.Event]:
+def interrupt_flag(stop: threading.Event | None = None) -> Iterator[threading.Event]:
     """SIGINT/SIGTERM/SIGHUP set a flag the loop checks, so the ranks are stopped in order."""
     flag = stop or threading.Event()  # a caller's `stop` ends the job like Ctrl-C
     if threading.current_thread() is not threading.main_thread():
@@ -134,7 +134,7 @@ def supervise(
     the job as Ctrl-C would (for callers off the main thread, where signals cannot reach)."""
     reports: queue.Queue[Report] = queue.Queue()
     ranks: list[RankProcess] = []
-    with _interrupt_flag(stop) as interrupted:
+    with interrupt_flag(stop) as interrupted:
         try:
             for launch in launches:
                 ranks.append(RankProcess(launch, reports))
