@@ -71,6 +71,7 @@ def _bench(job: RankJob, group: Any, reporter: Reporter) -> None:
         progress=lambda done, total, files: reporter.emit(
             "loading", layers_done=done, layers_total=total, files=files
         ),
+        download_progress=lambda step: reporter.emit("progress", stage="download", **step.fields()),
     )  # fmt: skip
     load_s = round(time.monotonic() - started, 3)
     reporter.enter("decode", layers=list(shard.layers), files=len(shard.files), load_s=load_s)

@@ -5,6 +5,8 @@ accepts KV heads that do not divide the rank count and only fails at the first f
 The weights come from a private "view" directory of symlinks to config/tokenizer files and
 this rank's safetensors files, so mlx-lm's loader (which globs model*.safetensors) sees
 exactly those; each layer is then materialised in turn so loading can report progress.
+A Hugging Face repo id is fetched as mlx-lm's sharded_load does (cluster/fetch.py): metadata
+first, then only this rank's safetensors files, from the local cache when they are there.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -24,6 +26,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import _get_classes, load_config, load_model, load_tokenizer
 
+from cluster.fetch import DownloadProgress, HubSnapshot, fetch_files, fetch_metadata
 from cluster.pipeline_stage import PipelineStage, check_generic, layer_range
 from topology.errors import InputError
 
@@ -40,26 +43,20 @@ class Shard:
     files: tuple[str, ...]  # the safetensors files it read
 
 
-def resolve_model(model: str) -> Path:
-    """A local directory, or a Hugging Face repo id already in the local cache (ranks never
-    download: every rank of a cluster fetching at once is the launcher's job to avoid)."""
+def resolve_model(
+    model: str, progress: DownloadProgress | None = None
+) -> tuple[Path, HubSnapshot | None]:
+    """A local model directory, or a Hugging Face repo id whose metadata (not its weights)
+    is then in the local cache: its snapshot folder and what the cache knows of the repo."""
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise InputError(f"{path} has no config.json: point --model at an MLX model folder")
-        return path
+        return path, None
     if path.exists() or model.count("/") != 1 or model.startswith((".", "/", "~")):
         raise InputError(f"model {model!r} not found: give a model folder or a Hugging Face id")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        return Path(snapshot_download(model, local_files_only=True))
-    except (LocalEntryNotFoundError, ValueError):  # ValueError: not a valid repo id
-        raise InputError(
-            f"model {model} is not downloaded on this host: fetch it first "
-            f"(hf download {model}) or give a local folder"
-        ) from None
+    snap = fetch_metadata(model, progress)
+    return snap.path, snap
 
 
 def check_shapes(
@@ -113,10 +110,16 @@ def check_shapes(
                 )
 
 
-def local_files(path: Path, layers: range | None) -> list[str]:
-    """Safetensors files holding the non-layer weights and `layers` (None: all files)."""
+def local_files(
+    path: Path, layers: range | None, weights: Iterable[str] | None = None
+) -> list[str]:
+    """Safetensors files holding the non-layer weights and `layers` (None: all files).
+    Without an index: every model*.safetensors file, of `weights` when given (a Hub repo
+    whose weights are not downloaded yet), else of the folder."""
     index_file = path / "model.safetensors.index.json"
     if not index_file.is_file():
+        if weights is not None:
+            return sorted(weights)
         return sorted(p.name for p in path.glob("model*.safetensors"))
     weight_map: dict[str, str] = json.loads(index_file.read_text())["weight_map"]
     files = set()
@@ -135,8 +138,9 @@ def load_shard(
     group: Any,
     split: Sequence[int] | None = None,
     progress: Progress | None = None,
+    download_progress: DownloadProgress | None = None,
 ) -> Shard:
-    path = resolve_model(model)
+    path, hub = resolve_model(model, download_progress)
     config = load_config(path)
     arch = _architecture(config, path)
     check_shapes(arch, strategy, size, split)
@@ -151,7 +155,10 @@ def load_shard(
             f"mlx-lm has no tensor parallel for {config['model_type']}: use --strategy pipeline"
         )
     local = layer_range(num_layers, rank, size, split) if pipeline else range(num_layers)
-    files = local_files(path, local if pipeline else None)
+    weights = None if hub is None else hub.weight_files()
+    files = local_files(path, local if pipeline else None, weights)
+    if hub is not None:
+        fetch_files(hub, files, download_progress)
     missing = [f for f in files if not (path / f).is_file()]
     if missing or not files:
         what = ", ".join(missing) if missing else "any model*.safetensors"

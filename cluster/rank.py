@@ -152,6 +152,7 @@ def run(job: RankJob, reporter: Reporter, text_out: TextIO) -> None:
         progress=lambda done, total, files: reporter.emit(
             "loading", layers_done=done, layers_total=total, files=files
         ),
+        download_progress=lambda step: reporter.emit("progress", stage="download", **step.fields()),
     )
     reporter.enter(
         "decode",

@@ -94,6 +94,11 @@ class _LoadingDisplay:
         name = event.get("event")
         if name == "loading":
             self.done[rank] = f"{event.get('layers_done', '?')}/{event.get('layers_total', '?')}"
+        elif name == "progress" and event.get("stage") == "download":  # cluster/fetch.py
+            total = event.get("total") or 0
+            self.done[rank] = (
+                f"downloading {event.get('done', 0)}/{total}" if total else "downloading"
+            )
         elif name in ("init", "load", "decode"):
             self.done[rank] = {"init": "connecting", "load": "loading", "decode": "ready"}[name]
         else:

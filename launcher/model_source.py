@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from cluster.fetch import hub_reachable
 from topology.errors import InputError
 from topology.model_spec import ModelSpec, spec_from_config
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
-_CONNECT_TIMEOUT_S = 5.0
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -63,24 +61,6 @@ def _offline(repo: str) -> InputError:
     )
 
 
-def _hub_reachable() -> bool:
-    """One quick TCP connect to the Hub: huggingface_hub itself retries a dead network for ~25 s
-    with a warning per try, so offline is decided here, in seconds and silently."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()  # its retry warnings would break the one-line errors
-    if constants.HF_HUB_OFFLINE:
-        return False
-    url = urlsplit(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname or "", port), timeout=_CONNECT_TIMEOUT_S):
-            return True
-    except OSError:
-        return False
-
-
 def _hub_file(repo: str, filename: str, required: bool) -> Path | None:
     """The cached (or freshly downloaded) file, None when an optional file does not exist."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
@@ -97,7 +77,7 @@ def _hub_file(repo: str, filename: str, required: bool) -> Path | None:
         return Path(cached)
     if cached is not None and not required:  # the cache knows the Hub has no such file
         return None
-    if not _hub_reachable():
+    if not hub_reachable():  # a quick TCP check: no ~25 s of huggingface_hub retries
         if required:
             raise _offline(repo)
         return None
