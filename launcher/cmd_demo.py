@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -39,6 +40,27 @@ def demo_model() -> Path:
     )
 
 
+def _run(
+    ranks: int, model: str, generation: Generation, deadlines: Deadlines
+) -> dict[str, Any] | int:
+    """One launch over `ranks` local ranks (2: text streamed): its result, or an exit code."""
+    label = "2 ranks" if ranks == 2 else "1 process"
+    run = run_launch(
+        local_target(ranks, model, "tensor"),
+        model,
+        generation,
+        deadlines,
+        sys.stdout if ranks > 1 else None,
+    )
+    result = run.outcome.result
+    if run.outcome.failure is not None or result is None:
+        reason = run.outcome.failure.message() if run.outcome.failure else "no result"
+        click.echo(f"mlx-cluster: error: the {label} run failed: {reason}", err=True)
+        return run.outcome.exit_code or EXIT_RANK_FAILED
+    click.echo(f"{label + ':':<10} {summary_line(result, run.target)}")
+    return result
+
+
 @click.command("demo")
 @click.option("--prompt", default=DEMO_PROMPT, show_default=True)
 @click.option("--max-tokens", type=int, default=40, show_default=True)
@@ -51,19 +73,13 @@ def demo(prompt: str, max_tokens: int) -> int:
     deadlines = Deadlines(rank_timeout_s=30.0, load_timeout_s=120.0)
     click.echo(f"model: {model} (random weights: the text is gibberish by design)")
     click.echo("tensor parallel over 2 ranks on this machine (ring backend over 127.0.0.1):")
-    two = run_launch(local_target(2, model, "tensor"), model, generation, deadlines, sys.stdout)
-    if two.outcome.failure is not None or two.outcome.result is None:
-        reason = two.outcome.failure.message() if two.outcome.failure else "no result"
-        click.echo(f"mlx-cluster: error: {reason}", err=True)
-        return two.outcome.exit_code or EXIT_RANK_FAILED
-    click.echo(summary_line(two.outcome.result, two.target))
-    one = run_launch(local_target(1, model, "tensor"), model, generation, deadlines, None)
-    if one.outcome.failure is not None or one.outcome.result is None:
-        reason = one.outcome.failure.message() if one.outcome.failure else "no result"
-        click.echo(f"mlx-cluster: error: the single-process run failed: {reason}", err=True)
-        return one.outcome.exit_code or EXIT_RANK_FAILED
-    click.echo(summary_line(one.outcome.result, one.target))
-    mine, single = two.outcome.result["tokens"], one.outcome.result["tokens"]
+    two = _run(2, model, generation, deadlines)
+    if isinstance(two, int):
+        return two
+    one = _run(1, model, generation, deadlines)
+    if isinstance(one, int):
+        return one
+    mine, single = two["tokens"], one["tokens"]
     if mine == single:
         click.echo(f"match: the 2 ranks produced the single process's {len(single)} tokens exactly")
         return 0
