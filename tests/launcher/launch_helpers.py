@@ -56,14 +56,14 @@ def rank_pids(marker: str) -> dict[int, int]:
     return found
 
 
-class Launch:
-    """A running `mlx-cluster launch ...`; stdout and stderr collected by threads."""
+class CliProcess:
+    """A running `mlx-cluster ARGS...` marked so its ranks can be found; output kept by threads."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *argv: str) -> None:
         self.marker = uuid.uuid4().hex
         env = {**os.environ, MARKER_VAR: self.marker}
         self.proc = subprocess.Popen(
-            [MLX_CLUSTER, "launch", *args],
+            [MLX_CLUSTER, *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -92,14 +92,6 @@ class Launch:
     def stderr(self) -> str:
         return "".join(self._err)
 
-    def wait_for_text(self, timeout_s: float = LAUNCH_TIMEOUT_S) -> None:
-        """Until rank 0 has streamed some text (decoding is under way)."""
-        end = time.monotonic() + timeout_s
-        while not self.stdout.strip():
-            assert self.proc.poll() is None, f"launch ended before any text:\n{self.stderr}"
-            assert time.monotonic() < end, f"no text within {timeout_s} s:\n{self.stderr}"
-            time.sleep(0.05)
-
     def ranks(self, n: int, timeout_s: float = 10.0) -> dict[int, int]:
         """The pids of all n ranks, by rank."""
         end = time.monotonic() + timeout_s
@@ -107,6 +99,21 @@ class Launch:
             assert time.monotonic() < end, f"found only ranks {found}"
             time.sleep(0.05)
         return found
+
+
+class Launch(CliProcess):
+    """A running `mlx-cluster launch ...`."""
+
+    def __init__(self, *args: str) -> None:
+        super().__init__("launch", *args)
+
+    def wait_for_text(self, timeout_s: float = LAUNCH_TIMEOUT_S) -> None:
+        """Until rank 0 has streamed some text (decoding is under way)."""
+        end = time.monotonic() + timeout_s
+        while not self.stdout.strip():
+            assert self.proc.poll() is None, f"launch ended before any text:\n{self.stderr}"
+            assert time.monotonic() < end, f"no text within {timeout_s} s:\n{self.stderr}"
+            time.sleep(0.05)
 
     def wait(self, timeout_s: float = LAUNCH_TIMEOUT_S) -> int:
         code = self.proc.wait(timeout=timeout_s)

@@ -13,9 +13,7 @@ import os
 import re
 import signal
 import subprocess
-import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -23,46 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from launch_helpers import MARKER_VAR, MLX_CLUSTER, ROOT, rank_pids
+from launch_helpers import CliProcess, rank_pids
 
 READY_TIMEOUT_S = 120.0  # imports + loading on a busy 2-core machine
 
 
-class Server:
-    """A running `mlx-cluster serve ... --port 0`; stdout/stderr collected by threads."""
+class Server(CliProcess):
+    """A running `mlx-cluster serve ... --port 0`."""
 
     def __init__(self, *args: str) -> None:
-        self.marker = uuid.uuid4().hex
-        env = {**os.environ, MARKER_VAR: self.marker}
-        self.proc = subprocess.Popen(
-            [MLX_CLUSTER, "serve", "--port", "0", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=ROOT,
-        )
-        self._out: list[str] = []
-        self._err: list[str] = []
-        self._readers = [
-            threading.Thread(target=self._read, args=(self.proc.stdout, self._out), daemon=True),
-            threading.Thread(target=self._read, args=(self.proc.stderr, self._err), daemon=True),
-        ]
-        for t in self._readers:
-            t.start()
+        super().__init__("serve", "--port", "0", *args)
         self.url = ""
-
-    @staticmethod
-    def _read(stream: Any, into: list[str]) -> None:
-        while chunk := os.read(stream.fileno(), 4096):
-            into.append(chunk.decode(errors="replace"))
-
-    @property
-    def stdout(self) -> str:
-        return "".join(self._out)
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self._err)
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str:
         """The base URL (…/v1) from the ready line."""
@@ -118,13 +87,6 @@ class Server:
 
     def client(self, api_key: str = "none") -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=60)
-
-    def ranks(self, n: int, timeout_s: float = 10.0) -> dict[int, int]:
-        end = time.monotonic() + timeout_s
-        while len(found := rank_pids(self.marker)) < n:
-            assert time.monotonic() < end, f"found only ranks {found}"
-            time.sleep(0.05)
-        return found
 
     def stop(self) -> int | None:
         """SIGTERM, as a service manager would; SIGKILL if it does not end in time."""
