@@ -25,6 +25,7 @@ EXIT_RANK_FAILED = 1
 EXIT_BAD_INPUT = 2  # a rank found the model or job unusable (missing model, shapes)
 EXIT_INTERRUPTED = 130
 
+SSH_LOST = 255  # what ssh exits with when the remote command died of a signal or the link broke
 QUIET_EVENTS = ("heartbeat", "started")  # signs of life, not of progress
 
 
@@ -226,6 +227,10 @@ def _failure(r: RankProcess, reason: str) -> Failure:
 def _exit_failure(r: RankProcess, code: int | None) -> Failure:
     if code is not None and code < 0:
         reason = f"was killed by {signal.Signals(-code).name}"
+    elif code == SSH_LOST and r.launch.remote:  # ssh's own code, not the rank's
+        reason = (
+            f"exited with code {code} (ssh: the remote rank was killed or the connection dropped)"
+        )
     else:
         reason = f"exited with code {code}"
     if r.error:

@@ -142,6 +142,8 @@ def test_remote_rank_killed_mid_decode_stops_every_rank_within_5s(
         run.kill()
     assert code != 0
     assert "h1" in run.stderr() and "Traceback" not in run.stderr()
+    # ssh reports a remote SIGKILL as its own exit code 255: the message says what that means
+    assert "rank 1 on h1 exited with code 255 (ssh: the remote rank was killed" in run.stderr()
 
 
 def test_link_cut_mid_decode_stops_launcher_within_10s_and_ranks_within_20s(
