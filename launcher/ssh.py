@@ -20,6 +20,14 @@ def is_local(host: HostSpec) -> bool:
     return host.ssh in LOCAL_HOSTS
 
 
+def _remote_word(word: str) -> str:
+    """One word for the remote shell, quoted; a leading `~/` (a per-host python in the user's
+    home) stays outside the quotes so the remote shell expands it to that user's home."""
+    if word.startswith("~/") and len(word) > 2:
+        return "~/" + shlex.quote(word[2:])
+    return shlex.quote(word)
+
+
 def ssh_argv(
     spec: ClusterSpec,
     host: HostSpec,
@@ -35,5 +43,5 @@ def ssh_argv(
     options = ["-o", "BatchMode=yes"]
     if not any("connecttimeout" in o.lower() for o in spec.ssh_options):
         options += ["-o", f"ConnectTimeout={connect_timeout_s}"]
-    remote = " ".join(shlex.quote(word) for word in remote_argv)
+    remote = " ".join(_remote_word(word) for word in remote_argv)
     return ["ssh", *options, *spec.ssh_options, "--", host.ssh, remote]

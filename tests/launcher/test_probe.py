@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
+from pathlib import Path
 
 from launcher.probe import PROBES, probe_hosts, probe_local
 from launcher.ssh import ssh_argv
@@ -55,5 +57,11 @@ def test_ssh_argv_batch_mode_timeout_options_and_quoting() -> None:
     assert argv[5:9] == ["-i", "/k/id", "--", "me@a.local"]
     assert shlex.split(argv[9]) == ["echo", "a b", "$(touch /tmp/x)"]  # one word each, remotely
     spec2 = parse_cluster("hosts: [a]\nssh_options: ['-o', 'ConnectTimeout=2']\n")
+    argv3 = ssh_argv(spec, spec.hosts[0], ["~/venv/bin/python", "~x", "$(touch /tmp/x)"])
+    # what the remote shell (sshd runs it with `sh -c`) makes of it: only a leading ~/ expands
+    words = subprocess.run(
+        ["sh", "-c", f"printf '%s\\n' {argv3[9]}"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert words == [f"{Path.home()}/venv/bin/python", "~x", "$(touch /tmp/x)"]
     argv2 = ssh_argv(spec2, spec2.hosts[0], ["true"])
     assert argv2.count("ConnectTimeout=2") == 1 and "ConnectTimeout=5" not in argv2
