@@ -102,18 +102,22 @@ def _parse(content: str, name: str) -> Any:
 def job_environment(job: RankJob) -> Iterator[dict[str, str]]:
     """Set the job's env (files in a private temp dir) for the duration of `init_group`.
 
-    The files are only read while MLX initialises, so the directory goes away afterwards, and
-    the environment is put back so no variable points at a deleted file.
+    The files are only read while MLX initialises, so the directory goes away afterwards and
+    the variables naming those files are put back; the rest of the job's env stays set (the
+    rank may read it later: HF_HUB_OFFLINE, MLX settings read lazily, ...).
     """
     file_dir = Path(tempfile.mkdtemp(prefix=f"mlx-cluster-rank{job.rank}-"))
-    saved = dict(os.environ)
+    saved = {name: os.environ.get(name) for name in job.files}
     try:
         env = job_env(job, file_dir)
         os.environ.update(env)
         yield env
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         shutil.rmtree(file_dir, ignore_errors=True)
 
 

@@ -66,8 +66,12 @@ def guard(rank_pid: int, rank: int, stall_s: float, load_s: float, progress_fd: 
                 stdin_open, eof_at, pending = False, now, b""
                 os.close(1)
         if 1 in writable and pending and stdin_open:
-            with contextlib.suppress(BlockingIOError):
+            try:
                 pending = pending[os.write(1, pending) :]
+            except BlockingIOError:
+                pass
+            except OSError:  # the rank is exiting: nothing more to relay
+                pending = b""
         if progress_fd in readable:
             data = os.read(progress_fd, 4096)
             if not data:  # the rank exited

@@ -188,6 +188,7 @@ def bench_cmd(
     from launcher.launch_target import model_for_ranks
     from launcher.model_source import load_model_spec
 
+    check_hosts_source(cluster_file, local, backend)  # before any model lookup
     spec = load_model_spec(model)
     saved = load_calibration()  # checked now: a broken file fails before any run
     planner = _planner(cluster_file, local, spec, backend, prompt_tokens + gen_tokens)

@@ -42,8 +42,11 @@ def _check_target(path: Path) -> None:
 def _write(path: Path, agents: tuple[FoundAgent, ...]) -> None:
     text = cluster_yaml(agents, str(path))
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as e:
+        raise InputError(f"--write-cluster {path}: cannot write it ({e.strerror})") from None
 
 
 @click.command("discover")

@@ -36,6 +36,9 @@ def _out_dir(out: Path) -> None:
         raise InputError(f"--out {out}: its parent directory {out.parent} does not exist")
 
 
+PLAN_FILES = ("plan.json", "hostfile.json", "cluster.yaml")
+
+
 def _write(out: Path, plan: Plan, hostfile: dict[str, Any], cluster: str | None) -> None:
     try:
         out.mkdir(exist_ok=True)
@@ -43,6 +46,8 @@ def _write(out: Path, plan: Plan, hostfile: dict[str, Any], cluster: str | None)
         (out / "hostfile.json").write_text(json.dumps(hostfile, indent=2) + "\n")
         if cluster:  # `launch --plan DIR` takes ssh options and per-host python from it
             (out / "cluster.yaml").write_bytes(Path(cluster).read_bytes())
+        else:  # an older plan's cluster file must not steer this one
+            (out / "cluster.yaml").unlink(missing_ok=True)
     except OSError as e:
         raise InputError(f"--out {out}: cannot write the plan ({e.strerror})") from None
 
@@ -122,6 +127,9 @@ def plan_cmd(
             )  # fmt: skip
     if out is not None and plan.ok:
         _write(out, plan, hostfile, cluster)
+    elif out is not None:  # no valid plan: leave nothing `launch --plan` could run by mistake
+        for stale in PLAN_FILES:
+            (out / stale).unlink(missing_ok=True)
     if as_json:
         click.echo(json.dumps(plan.to_json(), indent=2))
     else:

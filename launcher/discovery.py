@@ -28,6 +28,7 @@ from zeroconf import (
 
 from launcher.agent_http import SNAPSHOT_PATH
 from launcher.agent_txt import SERVICE_TYPE, AgentFacts, TxtError, decode_txt, is_ipv4
+from launcher.snapshot_io import snapshot_file_name
 
 _RESOLVE_TIMEOUT_MS = 1500  # one agent's SRV/TXT/A answer; LAN answers take well under 200 ms
 _REFRESH_EVERY_S = 0.5  # how often known agents are re-checked (a cache hit costs nothing)
@@ -202,15 +203,15 @@ def fetch_snapshot(agent: FoundAgent, timeout_s: float = 5.0) -> dict[str, str |
     for address in agent.addresses:
         try:
             raw = _get_json(address, agent.port, SNAPSHOT_PATH, timeout_s)
-        except (OSError, ValueError) as e:
-            errors.append(f"{address}:{agent.port}: {e}")
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            errors.append(f"{address}:{agent.port}: {e or type(e).__name__}")
             continue
         if not isinstance(raw, dict) or not all(
             isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in raw.items()
         ):
             errors.append(f"{address}:{agent.port}: not a snapshot ({{file: text}} JSON)")
             continue
-        return dict(raw)
+        return {k: v for k, v in raw.items() if snapshot_file_name(k)}  # names, never paths
     raise OSError(f"{agent.name}: could not fetch its snapshot ({'; '.join(errors)})")
 
 

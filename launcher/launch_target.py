@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from cluster.job import RankJob
-from launcher.rank_jobs import DEFAULT_PORT
+from launcher.rank_jobs import DEFAULT_PORT, LOCAL_IP
 from launcher.rank_process import RankLaunch
 from topology.cluster_file import ClusterSpec, HostSpec, parse_cluster
 from topology.errors import InputError
@@ -120,6 +120,8 @@ def _plan_cluster(d: Path, plan: Plan, hosts: list[Any]) -> ClusterSpec:
         return read_cluster(str(d / CLUSTER_COPY))
     # Through the cluster-file validator: ssh destinations and addresses from a file are
     # checked like any cluster file's before they reach an ssh command line.
+    if not all(isinstance(h, dict) for h in hosts):
+        raise InputError(f"{d / 'hostfile.json'}: every entry of hosts must be an object")
     entries = [
         {"name": r.host, "ssh": h.get("ssh") or r.ssh, "ips": list(h.get("ips") or [])}
         for r, h in zip(plan.ranks, hosts, strict=True)
@@ -145,10 +147,10 @@ def _host_spec(target: LaunchTarget, rank: int) -> HostSpec | None:
     if target.cluster is None:
         return None
     name = target.plan.ranks[rank].host
-    ssh = str(target.hostfile["hosts"][rank].get("ssh", ""))
     for h in target.cluster.hosts:
-        if h.name == name or h.ssh == ssh:
-            return None if h.ssh in ("localhost", "127.0.0.1") else h
+        if h.name == name:
+            # mlx.launch's rule: a host named localhost or 127.0.0.1 runs here, without ssh
+            return None if h.ssh in ("localhost", LOCAL_IP) else h
     raise InputError(f"rank {rank}: host {name!r} is not in {target.cluster.source}")
 
 

@@ -18,6 +18,7 @@ from topology.host_facts import COMMANDS, ERROR_SUFFIX, SSH_FAILED, UNAME_FILE
 
 COMMAND_TIMEOUT_S = 30.0  # system_profiler can take several seconds on a busy Mac
 SSH_EXIT = 255  # ssh's own exit code when it could not connect or log in
+TIMED_OUT = 124  # what _run reports for a command that outlived its timeout
 _STDERR_KEEP = 2000
 
 PROBES: dict[str, tuple[str, ...]] = {UNAME_FILE: ("uname", "-s"), **COMMANDS}
@@ -36,7 +37,7 @@ def _run(argv: Sequence[str], timeout_s: float) -> tuple[int, bytes, str]:
     except FileNotFoundError:
         return 127, b"", f"{argv[0]}: command not found"
     except subprocess.TimeoutExpired as e:
-        return 124, e.stdout or b"", f"timed out after {timeout_s:g} s"
+        return TIMED_OUT, e.stdout or b"", f"timed out after {timeout_s:g} s"
     except OSError as e:
         return 126, b"", f"{argv[0]}: {e.strerror}"
     return done.returncode, done.stdout, _decode(done.stderr).strip()[:_STDERR_KEEP]
@@ -55,8 +56,9 @@ def _probe(argv_for: dict[str, list[str]], remote: bool, timeout_s: float) -> di
     out: dict[str, str | None] = {}
     for file, argv in argv_for.items():
         rc, stdout, err = _run(argv, timeout_s)
-        if remote and rc == SSH_EXIT and file == UNAME_FILE:
-            # ssh itself failed (unreachable, key refused): every file fails the same way.
+        if remote and rc in (SSH_EXIT, TIMED_OUT) and file == UNAME_FILE:
+            # ssh itself failed or hung (unreachable, key refused, a login that never ends):
+            # every file would fail the same way, each after its own timeout.
             first = err.splitlines()[0] if err else "no error output"
             reason = f"{SSH_FAILED} (exit {rc}): {first}"
             for name in argv_for:

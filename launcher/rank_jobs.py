@@ -99,9 +99,11 @@ def _jaccl_setup(
     return env, {"MLX_IBV_DEVICES": json.dumps(matrix)}
 
 
-def _env_list(items: Sequence[str], where: str) -> dict[str, str]:
+def _env_list(items: Sequence[Any], where: str) -> dict[str, str]:
     env = {}
     for item in items:
+        if not isinstance(item, str):
+            raise InputError(f"{where}: {item!r} is not a NAME=value setting")
         key, sep, value = item.partition("=")
         if not sep or not key.replace("_", "").isalnum():
             raise InputError(f"{where}: {item!r} is not a NAME=value setting")

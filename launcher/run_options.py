@@ -6,6 +6,7 @@ One definition each, so the three commands accept and refuse the same things the
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -35,6 +36,8 @@ def check_local(local: int | None, backend: str | None) -> None:
 
 
 def check_deadlines(rank_timeout: float, load_timeout: float) -> Deadlines:
+    if not math.isfinite(rank_timeout) or not math.isfinite(load_timeout):
+        raise InputError("--rank-timeout and --load-timeout must be finite numbers of seconds")
     if rank_timeout <= 0:
         raise InputError(f"--rank-timeout must be a positive number of seconds, got {rank_timeout}")
     if load_timeout < rank_timeout:

@@ -60,6 +60,7 @@ def _first_event(events: Iterator[Event]) -> Event:
 
 class ServeHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    timeout = 30  # a client that never sends its announced body must not hold a thread
     server: ServeServer
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -138,6 +138,13 @@ def host_yaml_for(host: HostSpec) -> dict[str, Any]:
     return raw
 
 
+def snapshot_file_name(file: str) -> bool:
+    """A name a snapshot may hold: a known command output or its `.error` twin — never a path
+    (agents on the network supply these names)."""
+    base = file.removesuffix(ERROR_SUFFIX)
+    return base in KNOWN_FILES
+
+
 def write_snapshot(
     out: Path,
     files_by_host: Mapping[str, Mapping[str, str | None]],
@@ -152,6 +159,8 @@ def write_snapshot(
             host_dir = out / name
             host_dir.mkdir()
             for file, content in files.items():
+                if not snapshot_file_name(file):
+                    raise InputError(f"{name}: refusing to write {file!r}: not a snapshot file")
                 if content is not None:
                     (host_dir / file).write_bytes(content.encode("utf-8", "surrogateescape"))
             if name in specs:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.probe import SSH_EXIT
 from launcher.rank_process import RankLaunch, RankProcess, Report, stop_all
 
 EXIT_OK = 0
@@ -25,7 +26,6 @@ EXIT_RANK_FAILED = 1
 EXIT_BAD_INPUT = 2  # a rank found the model or job unusable (missing model, shapes)
 EXIT_INTERRUPTED = 130
 
-SSH_LOST = 255  # what ssh exits with when the remote command died of a signal or the link broke
 QUIET_EVENTS = ("heartbeat", "started")  # signs of life, not of progress
 
 
@@ -226,8 +226,11 @@ def _failure(r: RankProcess, reason: str) -> Failure:
 
 def _exit_failure(r: RankProcess, code: int | None) -> Failure:
     if code is not None and code < 0:
-        reason = f"was killed by {signal.Signals(-code).name}"
-    elif code == SSH_LOST and r.launch.remote:  # ssh's own code, not the rank's
+        try:
+            reason = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:  # a real-time signal has no name
+            reason = f"was killed by signal {-code}"
+    elif code == SSH_EXIT and r.launch.remote:  # ssh's own code: a signal or a broken link
         reason = (
             f"exited with code {code} (ssh: the remote rank was killed or the connection dropped)"
         )

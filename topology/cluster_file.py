@@ -7,6 +7,7 @@ checked against a strict pattern so no shell metacharacter ever gets through.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ STRATEGIES = ("auto", "tensor", "pipeline")
 # user@host, host, alias, host:port is not ssh syntax (use ssh_options -p); no shell specials.
 _SSH_RE = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9._-]*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_PATH_RE = re.compile(r"^[A-Za-z0-9_./~+-][A-Za-z0-9_./~+@=-]*$")
+_PATH_RE = re.compile(r"^[A-Za-z0-9_./~+][A-Za-z0-9_./~+@=-]*$")  # no leading "-": not an option
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=[A-Za-z0-9_./:,+@=-]*$")
 _SSH_OPT_RE = re.compile(r"^[A-Za-z0-9_./:,+@=~-]+$")
 
@@ -77,7 +78,12 @@ def _ips(source: str, key: str, value: Any) -> tuple[str, ...]:
 
 
 def _number(source: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise _fail(source, key, f"must be a positive number, got {value!r}")
     return float(value)
 
@@ -105,7 +111,7 @@ def _host(source: str, i: int, raw: Any) -> HostSpec:
         raw = {"name": _default_name(raw), "ssh": raw}
     if not isinstance(raw, dict):
         raise _fail(source, where, "must be a mapping with at least `name` and `ssh`")
-    unknown = sorted(set(raw) - _HOST_KEYS)
+    unknown = sorted(map(str, set(raw) - _HOST_KEYS))
     if unknown:
         raise _fail(source, f"{where}.{unknown[0]}", f"unknown key (allowed: {sorted(_HOST_KEYS)})")
     if "ssh" not in raw and "name" not in raw:
@@ -138,7 +144,7 @@ def parse_cluster(text: str, source: str = "<cluster>") -> ClusterSpec:
         raise _fail(source, where, "is not valid YAML; check indentation and quoting") from None
     if not isinstance(raw, dict):
         raise InputError(f"{source}: must be a YAML mapping with a `hosts:` list")
-    unknown = sorted(set(raw) - _TOP_KEYS)
+    unknown = sorted(map(str, set(raw) - _TOP_KEYS))
     if unknown:
         raise _fail(source, unknown[0], f"unknown key (allowed: {sorted(_TOP_KEYS)})")
     hosts_raw = raw.get("hosts")

@@ -115,6 +115,8 @@ def test_environment_is_set_for_init_and_its_files_removed_after(
         assert path.parent.name.startswith("mlx-cluster-rank1-")
         assert oct(path.parent.stat().st_mode & 0o777) == "0o700"  # private
     assert not path.parent.exists()
+    # no variable is left naming the deleted file; the job's plain env stays for later reads
+    assert "MLX_HOSTFILE" not in os.environ and os.environ["MLX_RANK"] == "1"
 
 
 def test_single_rank_needs_no_backend(tmp_path: Path) -> None:

@@ -92,12 +92,15 @@ def test_out_writes_plan_and_a_hostfile_mlx_parses(mesh3: Path, tmp_path: Path) 
 
 def test_no_valid_plan_exits_1_and_says_why(tmp_path: Path) -> None:
     snap = synth.cluster(1, memory_gb=256).write(tmp_path / "one")
+    earlier = run("--snapshot", snap, "--model", LLAMA, "--out", tmp_path / "o")
+    assert earlier.returncode == 0 and (tmp_path / "o" / "plan.json").exists()
+    # no valid plan now: the earlier plan's files go, so `launch --plan` cannot run them
     out = run("--snapshot", snap, "--model", DEEPSEEK, "--json", "--out", tmp_path / "o")
     assert out.returncode == 1, out.stderr
     plan = as_json(out)
     assert plan["ranks"] == [] and plan["predicted_decode_tok_s"] is None
     assert [p["code"] for p in plan["problems"]] == ["model_does_not_fit"]
-    assert not (tmp_path / "o" / "plan.json").exists()
+    assert not any((tmp_path / "o" / f).exists() for f in ("plan.json", "hostfile.json"))
     text = run("--snapshot", snap, "--model", DEEPSEEK)
     assert text.returncode == 1 and "No valid plan." in text.stdout
     assert "error model_does_not_fit" in text.stdout

@@ -122,6 +122,7 @@ def _bad_inputs(model: Path, tmp: Path) -> list[list[str]]:
         ["--local", "1", *m, "--top-p", "1.5"],
         ["--local", "1", *m, "--temp", "-1"],
         ["--local", "1", *m, "--rank-timeout", "0"],
+        ["--local", "1", *m, "--rank-timeout", "nan"],  # no deadline could ever fire
         ["--local", "1", *m, "--strategy", "diagonal"],
         ["--local", "2", *m, "--backend", "jaccl"],
         ["--local", "1", "--plan", str(tmp), *m],

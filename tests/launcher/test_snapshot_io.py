@@ -95,3 +95,16 @@ def test_out_dir_must_be_new_or_empty(tmp_path: Path) -> None:
         check_out_dir(tmp_path / "used")
     with pytest.raises(InputError, match="parent directory"):
         check_out_dir(tmp_path / "no" / "such")
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/tmp/absolute", "notes.txt", "sub/sw_vers.txt"])
+def test_only_snapshot_file_names_are_ever_written(tmp_path: Path, name: str) -> None:
+    # names come from agents on the network: a path must never leave the snapshot folder
+    with pytest.raises(InputError, match="not a snapshot file"):
+        write_snapshot(tmp_path / "snap", {"h": {"sw_vers.txt": "x", name: "evil"}})
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "snap" / "notes.txt").exists()
+    write_snapshot(tmp_path / "ok", {"h": {"sw_vers.txt": "x", "sw_vers.txt.error": "y"}})
+    assert sorted(p.name for p in (tmp_path / "ok" / "h").iterdir()) == [
+        "sw_vers.txt",
+        "sw_vers.txt.error",
+    ]
