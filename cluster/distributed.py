@@ -19,6 +19,7 @@ from typing import Any
 
 from cluster.job import RankJob
 from topology.errors import InputError
+from topology.hostfile import missing_devices
 
 BACKENDS = ("ring", "jaccl", "jaccl-ring")
 # What each backend needs from the environment (mlx 0.32: ring.cpp / jaccl.cpp).
@@ -84,11 +85,13 @@ def _check_device_matrix(content: str | None, job: RankJob) -> None:
         raise InputError("MLX_IBV_DEVICES must have null on its diagonal (no device to self)")
     # jaccl needs every pair, jaccl-ring only the neighbours
     ring = job.backend == "jaccl-ring"
-    r = job.rank
-    peers = {(r - 1) % n, (r + 1) % n} - {r} if ring else set(range(n)) - {r}
-    lacking = sorted(p for p in peers if not matrix[r][p])
+    ranks = [str(i) for i in range(n)]
+    me = ranks[job.rank]
+    lacking = sorted(int(p) for h, p in missing_devices(ranks, matrix, ring) if h == me)
     if lacking:
-        raise InputError(f"MLX_IBV_DEVICES names no RDMA device from rank {r} to ranks {lacking}")
+        raise InputError(
+            f"MLX_IBV_DEVICES names no RDMA device from rank {job.rank} to ranks {lacking}"
+        )
 
 
 def _parse(content: str, name: str) -> Any:

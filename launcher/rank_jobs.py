@@ -20,6 +20,7 @@ from typing import Any
 from cluster.job import RankJob
 from launcher.supervisor import Deadlines
 from topology.errors import InputError
+from topology.hostfile import missing_devices
 
 RANK_DEADLINE_MARGIN_S = 2.0
 
@@ -80,19 +81,20 @@ def _jaccl_setup(
         raise InputError(
             "hostfile: rank 0 needs an ip every rank can reach (the jaccl coordinator)"
         )
-    matrix = [h.get("rdma") for h in hosts]
-    for i, row in enumerate(matrix):
+    matrix: list[list[Any]] = []
+    for i, h in enumerate(hosts):
+        row = h.get("rdma")
+        matrix.append(row if isinstance(row, list) else [])
         if not isinstance(row, list) or len(row) != n or row[i] is not None:
             raise InputError(
                 f"hostfile: host {i} `rdma` must list {n} devices with null for itself"
             )
-        peers = ((i - 1) % n, (i + 1) % n) if ring else range(n)
-        missing = [j for j in peers if j != i and row[j] is None]
-        if missing:
-            raise InputError(
-                f"hostfile: no RDMA device from {hosts[i].get('ssh')} to "
-                f"{hosts[missing[0]].get('ssh')}: run `mlx-cluster topology check`"
-            )
+    missing = missing_devices([str(h.get("ssh")) for h in hosts], matrix, ring)
+    if missing:
+        host, peer = missing[0]
+        raise InputError(
+            f"hostfile: no RDMA device from {host} to {peer}: run `mlx-cluster topology check`"
+        )
     env = {"MLX_JACCL_COORDINATOR": f"{hosts[0]['ips'][0]}:{port}"}
     if ring:
         env["MLX_JACCL_RING"] = "1"

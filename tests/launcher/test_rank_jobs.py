@@ -116,8 +116,9 @@ def test_local_ports_are_free_and_distinct() -> None:
         {"backend": "mpi", "hosts": [host([]), host([])]},
         {"backend": "ring", "hosts": []},
         {"backend": "ring", "envs": ["NOT AN ENV"], "hosts": [host([])]},
+        {"backend": "ring", "envs": [3], "hosts": [host([])]},  # not even a string
     ],
 )
 def test_unusable_hostfile_is_refused(hostfile: dict[str, Any]) -> None:
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match="hostfile|env"):
         build_rank_jobs(hostfile, strategy="tensor", model="m", generation=Generation("hi"), port=1)
