@@ -120,5 +120,5 @@ def test_local_ports_are_free_and_distinct() -> None:
     ],
 )
 def test_unusable_hostfile_is_refused(hostfile: dict[str, Any]) -> None:
-    with pytest.raises(InputError, match="hostfile|env"):
+    with pytest.raises(InputError, match=r"hostfile|env"):
         build_rank_jobs(hostfile, strategy="tensor", model="m", generation=Generation("hi"), port=1)
