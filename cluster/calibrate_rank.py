@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
 from cluster.job import RankJob
 from topology.errors import InputError
@@ -59,19 +58,8 @@ def memory_bandwidth_gbs(size_bytes: int, repeats: int) -> float:
     return x.nbytes / best / 1e9
 
 
-def gather_floats(value: float, group: Any) -> list[float]:
-    """Every rank's value: each fills its slot of a zero vector, then all_sum."""
-    if group is None:
-        return [value]
-    slots = mx.zeros((group.size(),), dtype=mx.float32)
-    slots[group.rank()] = value
-    summed = mx.distributed.all_sum(slots, group=group, stream=mx.cpu)
-    mx.eval(summed)
-    return [float(v) for v in np.asarray(summed).reshape(-1)]
-
-
 def calibrate(job: RankJob, group: Any, emit: Callable[..., None]) -> None:
-    from cluster.generate import barrier
+    from cluster.generate import barrier, gather_per_rank
 
     small = _int(job, "small_bytes", 16384)
     large = _int(job, "large_bytes", 32 << 20)
@@ -93,7 +81,7 @@ def calibrate(job: RankJob, group: Any, emit: Callable[..., None]) -> None:
         gpu = mx.metal.is_available()
         size = _int(job, "bandwidth_bytes", GPU_BANDWIDTH_BYTES if gpu else CPU_BANDWIDTH_BYTES)
         gbs = memory_bandwidth_gbs(size, _int(job, "bandwidth_repeats", 5))
-    bandwidths = gather_floats(gbs, group)
+    bandwidths = [float(v) for v in gather_per_rank(gbs, group, mx.float32)]
     if job.rank == 0:
         emit(
             "result",

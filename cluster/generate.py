@@ -69,14 +69,18 @@ def share_prompt(ids: list[int] | None, group: Any) -> list[int]:
     return _ints(total)
 
 
-def gather_peak_memory(peak: int, group: Any) -> list[int]:
-    """Every rank's `peak`: each fills its own slot of a zero vector, then all_sum."""
+def gather_per_rank(value: float, group: Any, dtype: mx.Dtype) -> list[float]:
+    """Every rank's `value`: each fills its own slot of a zero vector, then all_sum."""
     if group is None:
-        return [peak]
-    slots = mx.zeros((group.size(),), dtype=mx.int64)
-    slots[group.rank()] = peak
+        return [value]
+    slots = mx.zeros((group.size(),), dtype=dtype)
+    slots[group.rank()] = value
     summed = mx.distributed.all_sum(slots, group=group, stream=mx.cpu)
-    return _ints(summed)
+    return [v.item() for v in np.asarray(summed).reshape(-1)]
+
+
+def gather_peak_memory(peak: int, group: Any) -> list[int]:
+    return [int(v) for v in gather_per_rank(peak, group, mx.int64)]
 
 
 def _ints(values: mx.array) -> list[int]:

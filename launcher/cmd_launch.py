@@ -166,10 +166,7 @@ def resolve_target(
     strategy: str | None,
     backend: str | None,
 ) -> LaunchTarget:
-    """Exactly one of CLUSTER.yaml, --local N, --plan DIR."""
-    given = [x for x in (cluster, local, plan_dir) if x is not None]
-    if len(given) != 1:
-        raise InputError("give exactly one of CLUSTER.yaml, --local N or --plan DIR")
+    """Where the ranks run; the caller has checked that exactly one source was given."""
     if plan_dir is not None:
         if strategy or backend:
             raise InputError("--plan DIR already fixes strategy and backend; drop them or re-plan")

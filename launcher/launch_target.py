@@ -18,6 +18,7 @@ import yaml
 from cluster.job import RankJob
 from launcher.rank_jobs import DEFAULT_PORT, LOCAL_IP
 from launcher.rank_process import RankLaunch
+from launcher.run_options import check_local
 from topology.cluster_file import ClusterSpec, HostSpec, parse_cluster
 from topology.errors import InputError
 from topology.plan import DEFAULT_CONTEXT, Plan
@@ -61,8 +62,7 @@ def local_target(n: int, model: str, strategy: str) -> LaunchTarget:
     from launcher.cluster_plan import plan_for_local
     from launcher.model_source import load_model_spec
 
-    if n < 1:
-        raise InputError(f"--local needs at least 1 rank, got {n}")
+    check_local(n, None)
     plan, hostfile = plan_for_local(
         n, load_model_spec(model), strategy=strategy, context=DEFAULT_CONTEXT
     )

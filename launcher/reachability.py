@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import click
 
-from launcher.ssh import is_local, ssh_argv
+from launcher.ssh import DEFAULT_CONNECT_TIMEOUT_S, is_local, ssh_argv
 from topology.cluster_file import ClusterSpec, HostSpec
 
 EXIT_UNREACHABLE = 3  # distinct from 1 (a rank failed) and 2 (unusable input)
-CONNECT_TIMEOUT_S = 5
+CONNECT_TIMEOUT_S = DEFAULT_CONNECT_TIMEOUT_S
 # A host that accepts the connection but never finishes logging in must not hang the launch.
 ANSWER_TIMEOUT_S = CONNECT_TIMEOUT_S + 10
 
