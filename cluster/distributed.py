@@ -19,7 +19,7 @@ from typing import Any
 
 from cluster.job import RankJob
 from topology.errors import InputError
-from topology.hostfile import missing_devices
+from topology.planning.hostfile import missing_devices
 
 BACKENDS = ("ring", "jaccl", "jaccl-ring")
 # What each backend needs from the environment (mlx 0.32: ring.cpp / jaccl.cpp).

@@ -67,7 +67,7 @@ class Reporter:
         self.emit("heartbeat", stage=self.stage, progress_age_s=age)
 
 
-# Lines after the job line: serve mode's requests (cluster/serve_loop.py); unread otherwise.
+# Lines after the job line: serve mode's requests (cluster/serve/loop.py); unread otherwise.
 STDIN_LINES: queue.Queue[str] = queue.Queue()
 
 
@@ -127,8 +127,8 @@ def run(job: RankJob, reporter: Reporter, text_out: TextIO) -> None:
     """Initialise, load, decode and say "done"; raises on failure."""
     from cluster.distributed import init_group, job_environment
 
-    if job.mode in ("bench", "calibrate"):  # timed runs: cluster/bench_rank.py
-        from cluster.bench_rank import run_measurement
+    if job.mode in ("bench", "calibrate"):  # timed runs: cluster/bench/measure.py
+        from cluster.bench.measure import run_measurement
 
         return run_measurement(job, reporter)
     if job.mode not in ("generate", "serve"):
@@ -161,7 +161,7 @@ def run(job: RankJob, reporter: Reporter, text_out: TextIO) -> None:
         load_s=round(time.monotonic() - started, 3),
     )
     if job.mode == "serve":  # until the launcher closes stdin
-        from cluster.serve_loop import serve
+        from cluster.serve.loop import serve
 
         return serve(job, shard.model, shard.tokenizer, group, reporter.emit, STDIN_LINES)
     decoded = decode(job, shard.model, shard.tokenizer, group, reporter.emit, out=text_out)

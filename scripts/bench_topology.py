@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from launcher.model_source import load_model_spec  # noqa: E402
-from launcher.snapshot_io import load_snapshot  # noqa: E402
-from topology.plan import plan_cluster  # noqa: E402
+from launcher.hosts.snapshots import load_snapshot  # noqa: E402
+from launcher.planning.model_source import load_model_spec  # noqa: E402
+from topology.planning.plan import plan_cluster  # noqa: E402
 from topology.problems import check  # noqa: E402
 from topology.report import check_json, text_report  # noqa: E402
 

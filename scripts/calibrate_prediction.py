@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from topology import chips  # noqa: E402
 from topology.chips import BACKENDS  # noqa: E402
-from topology.model_spec import ModelSpec, spec_from_config  # noqa: E402
-from topology.predict import pipeline_seconds, tensor_seconds  # noqa: E402
+from topology.model.spec import ModelSpec, spec_from_config  # noqa: E402
+from topology.planning.predict import pipeline_seconds, tensor_seconds  # noqa: E402
 
 M3_ULTRA_GBS = 819.0
 CONTEXT = 512  # the published runs used short prompts; the KV cache barely matters here

@@ -134,7 +134,7 @@ def test_second_load_is_served_from_the_cache(
 
 
 def test_launcher_shows_downloading_k_of_n(first_run: PipelineRun, tiny_dir: Path) -> None:
-    from launcher.cmd_launch import _LoadingDisplay
+    from launcher.cli.launch import _LoadingDisplay
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -3,7 +3,7 @@ never stream part of one, and keep text that only looked like the start of one."
 
 from __future__ import annotations
 
-from cluster.serve_loop import StopScanner
+from cluster.serve.loop import StopScanner
 
 
 def feed_all(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:

@@ -1,4 +1,5 @@
-"""launcher/reachability.py against real sshd: who answers, and ssh's reason for who does not."""
+"""launcher/hosts/reachability.py against real sshd: who answers, and ssh's reason for who
+does not."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from hosts.netns import EmulatedHosts
-from launcher.reachability import unreachable_hosts
+from launcher.hosts.reachability import unreachable_hosts
 from topology.cluster_file import parse_cluster
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from launcher.agent_http import SnapshotServer
+from launcher.discovery.http import SnapshotServer
 
 SNAPSHOT = {"sw_vers.txt": "ProductName:\tmacOS\nProductVersion:\t26.2\n", "ibv_devices.txt": None}
 FACTS = {"agent": {"name": "studio-a"}, "host": {"name": "studio-a", "is_mac": True}}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.agent_txt import AgentFacts, TxtError, agent_facts, decode_txt, encode_txt
+from launcher.discovery.txt import AgentFacts, TxtError, agent_facts, decode_txt, encode_txt
 from topology.facts import HostFacts, TbPort
 
 UUIDS = tuple(f"1B2C3D4E-0000-4000-8000-{i:012X}" for i in range(12))

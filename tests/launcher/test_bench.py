@@ -16,11 +16,11 @@ import pytest
 from launch_helpers import MARKER_VAR, rank_pids
 
 from cluster.tiny_model import write_tiny_model
-from launcher.bench_report import Row, measure, percentile, with_speedups
-from launcher.calibration_store import load_calibration
-from launcher.cluster_plan import this_machine
-from launcher.model_source import load_model_spec
-from topology.plan import plan_local
+from launcher.bench.report import Row, measure, percentile, with_speedups
+from launcher.planning.calibration_store import load_calibration
+from launcher.planning.cluster_plan import this_machine
+from launcher.planning.model_source import load_model_spec
+from topology.planning.plan import plan_local
 
 ROOT = Path(__file__).resolve().parents[2]
 MLX_CLUSTER = str(ROOT / ".venv" / "bin" / "mlx-cluster")

@@ -14,7 +14,7 @@ import synth
 from mlx._distributed_utils.common import Hostfile
 from paths import FIXTURES, ROOT
 
-from topology.plan import Plan
+from topology.planning.plan import Plan
 
 CLI = ROOT / ".venv" / "bin" / "mlx-cluster"
 MODELS = FIXTURES / "models"

@@ -6,8 +6,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from launcher.probe import PROBES, probe_hosts, probe_local
-from launcher.ssh import ssh_argv
+from launcher.hosts.probe import PROBES, probe_hosts, probe_local
+from launcher.hosts.ssh import ssh_argv
 from topology.cluster_file import hosts_from_list, parse_cluster
 from topology.host_facts import host_facts
 from topology.problems import check

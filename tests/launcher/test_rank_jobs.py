@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from launcher.rank_jobs import DEFAULT_PORT, Generation, build_rank_jobs
+from launcher.ranks.jobs import DEFAULT_PORT, Generation, build_rank_jobs
 from topology.errors import InputError
 
 MLX_LAUNCH = str(Path(sys.executable).parent / "mlx.launch")

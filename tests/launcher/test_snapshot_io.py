@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import synth
 
-from launcher.snapshot_io import check_out_dir, load_snapshot, read_host_files, write_snapshot
+from launcher.hosts.snapshots import check_out_dir, load_snapshot, read_host_files, write_snapshot
 from topology.cluster_file import HostSpec
 from topology.errors import InputError
 

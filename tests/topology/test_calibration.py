@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from topology.calibration import Calibration, LinkMeasurement, calibration_notes
 from topology.chips import BACKENDS, GIB, BackendCost
 from topology.facts import HostFacts
-from topology.model_spec import spec_from_config
-from topology.plan import plan_local
+from topology.model.spec import spec_from_config
+from topology.planning.calibration import Calibration, LinkMeasurement, calibration_notes
+from topology.planning.plan import plan_local
 
 SMALL, LARGE = 16384, 32 << 20
 # Shapes of a small llama (the planner needs only config.json's fields).

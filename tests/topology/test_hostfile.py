@@ -14,9 +14,9 @@ from mlx._distributed_utils.common import Hostfile
 from paths import FIXTURES, ROOT
 
 from topology.facts import CheckResult
-from topology.hostfile import hostfile_json
-from topology.model_spec import ModelSpec, spec_from_config
-from topology.plan import Plan, plan_cluster, plan_local
+from topology.model.spec import ModelSpec, spec_from_config
+from topology.planning.hostfile import hostfile_json
+from topology.planning.plan import Plan, plan_cluster, plan_local
 from topology.problems import check
 
 MLX_LAUNCH = ROOT / ".venv" / "bin" / "mlx.launch"

@@ -11,7 +11,7 @@ import pytest
 from paths import FIXTURES
 
 from topology.errors import InputError
-from topology.model_spec import ModelSpec, spec_from_config
+from topology.model.spec import ModelSpec, spec_from_config
 
 GB = 1e9
 MODELS = FIXTURES / "models"

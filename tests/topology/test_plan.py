@@ -12,9 +12,9 @@ from paths import FIXTURES
 
 from topology.chips import GIB, max_wired_bytes
 from topology.facts import CheckResult, HostFacts
-from topology.model_spec import ModelSpec, spec_from_config
-from topology.placement import Slot, split_layers, tensor_blockers
-from topology.plan import Plan, model_problems, plan_cluster, plan_local
+from topology.model.spec import ModelSpec, spec_from_config
+from topology.planning.placement import Slot, split_layers, tensor_blockers
+from topology.planning.plan import Plan, model_problems, plan_cluster, plan_local
 from topology.problems import check
 
 LLAMA = "llama-3.3-70b-instruct-bf16"

@@ -1,0 +1,1 @@
+"""The rank's timed runs: benchmarks and calibration."""

@@ -1,0 +1,121 @@
+"""Rank side of `mlx-cluster bench`: job.mode "bench" (timed decoding) and "calibrate".
+
+bench: load the shard as for generate, then run `warmup` untimed and `trials` timed decodes of a
+synthetic prompt of exactly `prompt_tokens` ids (the same seeded ids on every rank, so no
+tokenizer or broadcast is involved) and exactly `gen_tokens` greedy tokens: mlx-lm's
+generate_step is used directly because it never stops at EOS. Rank 0 timestamps every token;
+its "result" event carries the raw times and every rank's peak memory, and the launcher
+computes the rates (launcher/bench/report.py). calibrate: see cluster/bench/calibrate.py.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from cluster.job import RankJob
+from topology.errors import InputError
+
+PROGRESS_EVERY_S = 0.5
+
+
+class Reporter(Protocol):
+    """What cluster.rank's Reporter offers (event lines on stderr)."""
+
+    def emit(self, event: str, **data: Any) -> None: ...
+
+    def enter(self, stage: str, **data: Any) -> None: ...
+
+
+def run_measurement(job: RankJob, reporter: Reporter) -> None:
+    """Entry point from cluster.rank for modes "bench" and "calibrate"; raises on failure."""
+    from cluster.distributed import init_group, job_environment
+
+    reporter.enter("init", backend=job.backend, world_size=job.world_size)
+    with job_environment(job):
+        group = init_group(job)
+    if job.mode == "calibrate":
+        from cluster.bench.calibrate import calibrate
+
+        calibrate(job, group, reporter.emit)
+    elif job.mode == "bench":
+        _bench(job, group, reporter)
+    else:
+        raise InputError(f"mode {job.mode!r} is not a measurement mode (bench, calibrate)")
+    reporter.enter("done")
+
+
+def _option(job: RankJob, name: str, default: int | None = None, least: int = 1) -> int:
+    value = job.options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise InputError(f"bench job option {name} must be an integer >= {least}, got {value!r}")
+    return value
+
+
+def _bench(job: RankJob, group: Any, reporter: Reporter) -> None:
+    prompt_tokens = _option(job, "prompt_tokens")
+    gen_tokens = _option(job, "gen_tokens", least=2)
+    trials = _option(job, "trials", 1)
+    warmup = _option(job, "warmup", 1, least=0)
+    # mlx-lm is imported only now: MLX had to see the job's environment first.
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream, wired_limit
+
+    from cluster.generate import barrier, gather_peak_memory
+    from cluster.load import load_shard
+
+    reporter.enter("load", model=job.model, strategy=job.strategy)
+    started = time.monotonic()
+    shard = load_shard(
+        job.model, job.rank, job.world_size, job.strategy, group, split=job.layer_split,
+        progress=lambda done, total, files: reporter.emit(
+            "loading", layers_done=done, layers_total=total, files=files
+        ),
+        download_progress=lambda step: reporter.emit("progress", stage="download", **step.fields()),
+    )  # fmt: skip
+    load_s = round(time.monotonic() - started, 3)
+    reporter.enter("decode", layers=list(shard.layers), files=len(shard.files), load_s=load_s)
+    vocab = int(shard.config["vocab_size"])
+    ids = mx.random.randint(0, vocab, (prompt_tokens,), key=mx.random.key(job.seed))
+    ids = ids.astype(mx.int32)
+    mx.eval(ids)
+    mx.reset_peak_memory()  # the peak of inference: weights + KV cache + activations
+    timed: list[list[float]] = []
+    with wired_limit(shard.model, [generation_stream]):  # type: ignore[list-item]
+        for trial in range(warmup + trials):
+            times = _timed_decode(shard.model, ids, gen_tokens, job.rank, reporter.emit)
+            # generate_step runs one step ahead: let its collectives finish before any other.
+            mx.synchronize(generation_stream)
+            if trial >= warmup:
+                timed.append(times)
+    peaks = gather_peak_memory(int(mx.get_peak_memory()), group)
+    if job.rank == 0:
+        reporter.emit(
+            "result",
+            prompt_tokens=prompt_tokens,
+            generation_tokens=gen_tokens,
+            trials=[{"token_times_s": t} for t in timed],
+            peak_memory_bytes=peaks,
+            load_s=load_s,
+        )
+    barrier(group)
+
+
+def _timed_decode(model: Any, ids: Any, gen_tokens: int, rank: int, emit: Any) -> list[float]:
+    """Seconds from the start to each of exactly gen_tokens greedy tokens (EOS ignored)."""
+    from mlx_lm.generate import generate_step
+
+    times: list[float] = []
+    last_event = 0.0
+    emit("progress", stage="prompt", done=0, total=int(ids.size))
+    start = time.perf_counter()
+    for _token, _logprobs in generate_step(ids, model, max_tokens=gen_tokens):
+        now = time.perf_counter()
+        times.append(round(now - start, 6))
+        if now - last_event >= PROGRESS_EVERY_S:  # every rank: the launcher's progress clock
+            emit("progress", stage="decode", tokens=len(times))
+            last_event = now
+    if len(times) != gen_tokens:
+        raise RuntimeError(f"decoded {len(times)} tokens, expected {gen_tokens}")
+    emit("progress", stage="decode", tokens=len(times))
+    return times

@@ -1,0 +1,1 @@
+"""The rank's serving loop (serve mode)."""

@@ -1,0 +1,1 @@
+"""`mlx-cluster bench`: benchmark runs, their report and plot, the machine description."""

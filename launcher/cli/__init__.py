@@ -1,0 +1,1 @@
+"""The command line: the click group, one module per command, shared options."""

@@ -1,0 +1,89 @@
+"""`mlx-cluster demo`: tensor parallel over 2 local ranks on a tiny model, checked against 1 rank.
+
+The model is random-weight and built offline (cluster/tiny_model.py) in the cache directory
+($MLX_CLUSTER_CACHE, default ~/.cache/mlx-cluster), so the demo needs no download and no Mac.
+Exit 0 only when the two ranks produce exactly the single process's tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from launcher.cli.launch import run_launch, summary_line
+from launcher.ranks.jobs import Generation
+from launcher.ranks.supervisor import EXIT_RANK_FAILED, Deadlines
+from launcher.ranks.target import local_target
+
+DEMO_LAYERS, DEMO_HIDDEN, DEMO_HEADS, DEMO_KV_HEADS = 4, 128, 8, 4  # splits over 2 (and 4)
+DEMO_PROMPT = "Write a short poem about the sea"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MLX_CLUSTER_CACHE") or Path.home() / ".cache" / "mlx-cluster")
+
+
+def demo_model() -> Path:
+    """The demo model, written on first use (a few seconds) and reused afterwards."""
+    from cluster.tiny_model import MARKER, write_tiny_model
+
+    path = cache_dir() / "demo-model"
+    if (path / MARKER).is_file() and (path / "config.json").is_file():
+        return path
+    click.echo(f"writing the tiny demo model to {path} ...", err=True)
+    return write_tiny_model(
+        path, layers=DEMO_LAYERS, hidden=DEMO_HIDDEN, heads=DEMO_HEADS, kv_heads=DEMO_KV_HEADS
+    )
+
+
+def _run(
+    ranks: int, model: str, generation: Generation, deadlines: Deadlines
+) -> dict[str, Any] | int:
+    """One launch over `ranks` local ranks (2: text streamed): its result, or an exit code."""
+    label = "2 ranks" if ranks == 2 else "1 process"
+    run = run_launch(
+        local_target(ranks, model, "tensor"),
+        model,
+        generation,
+        deadlines,
+        sys.stdout if ranks > 1 else None,
+    )
+    result = run.outcome.result
+    if run.outcome.failure is not None or result is None:
+        reason = run.outcome.failure.message() if run.outcome.failure else "no result"
+        click.echo(f"mlx-cluster: error: the {label} run failed: {reason}", err=True)
+        return run.outcome.exit_code or EXIT_RANK_FAILED
+    click.echo(f"{label + ':':<10} {summary_line(result, run.target)}")
+    return result
+
+
+@click.command("demo")
+@click.option("--prompt", default=DEMO_PROMPT, show_default=True)
+@click.option("--max-tokens", type=int, default=40, show_default=True)
+def demo(prompt: str, max_tokens: int) -> int:
+    """Run a tiny model tensor-parallel on 2 local ranks and check it against one process."""
+    if max_tokens < 1:
+        raise click.UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
+    model = str(demo_model())
+    generation = Generation(prompt, max_tokens)
+    deadlines = Deadlines(rank_timeout_s=30.0, load_timeout_s=120.0)
+    click.echo(f"model: {model} (random weights: the text is gibberish by design)")
+    click.echo("tensor parallel over 2 ranks on this machine (ring backend over 127.0.0.1):")
+    two = _run(2, model, generation, deadlines)
+    if isinstance(two, int):
+        return two
+    one = _run(1, model, generation, deadlines)
+    if isinstance(one, int):
+        return one
+    mine, single = two["tokens"], one["tokens"]
+    if mine == single:
+        click.echo(f"match: the 2 ranks produced the single process's {len(single)} tokens exactly")
+        return 0
+    at = next((i for i, (a, b) in enumerate(zip(mine, single, strict=False)) if a != b), None)
+    where = f"token {at}" if at is not None else f"length ({len(mine)} vs {len(single)})"
+    click.echo(f"MISMATCH: the 2 ranks differ from the single process at {where}", err=True)
+    return EXIT_RANK_FAILED

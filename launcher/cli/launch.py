@@ -1,0 +1,263 @@
+"""`mlx-cluster launch`: plan, start one rank per host, stream the text, print the speeds.
+
+Exit codes: 0 done; 1 a rank failed or timed out, or no valid plan; 2 bad input (flags, files,
+the model); 130 interrupted (Ctrl-C). With --json one JSON line is printed at the end instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, replace
+from typing import Any, TextIO
+
+import click
+
+from launcher.cli.options import (
+    check_deadlines,
+    check_local,
+    deadline_options,
+    job_options,
+    placement_options,
+)
+from launcher.hosts.gather import read_cluster
+from launcher.ranks.jobs import Generation, build_rank_jobs
+from launcher.ranks.supervisor import EXIT_RANK_FAILED, Deadlines, Outcome, supervise
+from launcher.ranks.target import (
+    LaunchTarget,
+    PlanRefused,
+    cluster_target,
+    local_target,
+    model_for_ranks,
+    plan_dir_target,
+    rank_launches,
+)
+from topology.cluster_file import ClusterSpec
+from topology.errors import InputError
+
+
+@dataclass(frozen=True)
+class LaunchRun:
+    """A finished launch: how it ended and what it was."""
+
+    outcome: Outcome
+    target: LaunchTarget
+
+    def json_line(self) -> str:
+        r = self.outcome.result or {}
+        hosts = [rank.host for rank in self.target.plan.ranks]
+        return json.dumps(
+            {
+                "text": r.get("text", ""),
+                "tokens": r.get("tokens", []),
+                "prompt_tps": r.get("prompt_tps"),
+                "generation_tps": r.get("generation_tps"),
+                "peak_memory_bytes": r.get("peak_memory_bytes", []),
+                "strategy": self.target.plan.strategy,
+                "backend": self.target.backend,
+                "ranks": len(hosts),
+                "hosts": hosts,
+                "prompt_tokens": r.get("prompt_tokens"),
+                "generation_tokens": len(r.get("tokens", [])),
+                "finish_reason": r.get("finish_reason"),
+            }
+        )
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def summary_line(result: dict[str, Any], target: LaunchTarget) -> str:
+    """Prompt and generation speed and every rank's peak memory, on one line."""
+    peaks = result.get("peak_memory_bytes") or []
+    memory = ", ".join(f"rank {i} {_size(int(b))}" for i, b in enumerate(peaks))
+    prompt_tps, generation_tps = result.get("prompt_tps", 0.0), result.get("generation_tps", 0.0)
+    return (
+        f"prompt: {result.get('prompt_tokens', '?')} tokens, {prompt_tps:.1f} tok/s"
+        f" | generation: {len(result.get('tokens', []))} tokens, {generation_tps:.1f} tok/s"
+        f" | peak memory: {memory}"
+        f" | {target.plan.strategy} over {len(target.plan.ranks)} rank(s), {target.backend}"
+    )
+
+
+class _LoadingDisplay:
+    """Loading progress on a terminal's stderr, rewritten in place; silent otherwise."""
+
+    def __init__(self, stream: TextIO, ranks: int) -> None:
+        self.stream, self.active = stream, stream.isatty()
+        self.done: dict[int, str] = {r: "starting" for r in range(ranks)}
+
+    def __call__(self, rank: int, event: dict[str, Any]) -> None:
+        if not self.active:
+            return
+        name = event.get("event")
+        if name == "loading":
+            self.done[rank] = f"{event.get('layers_done', '?')}/{event.get('layers_total', '?')}"
+        elif name == "progress" and event.get("stage") == "download":  # cluster/fetch.py
+            total = event.get("total") or 0
+            self.done[rank] = (
+                f"downloading {event.get('done', 0)}/{total}" if total else "downloading"
+            )
+        elif name in ("init", "load", "decode"):
+            self.done[rank] = {"init": "connecting", "load": "loading", "decode": "ready"}[name]
+        else:
+            return
+        states = "  ".join(f"rank {r}: {s}" for r, s in sorted(self.done.items()))
+        end = "\n" if all(s == "ready" for s in self.done.values()) else ""
+        self.stream.write(f"\r\033[K{states}{end}")
+        self.stream.flush()
+        if end:
+            self.active = False
+
+
+def run_launch(
+    target: LaunchTarget,
+    model: str,
+    generation: Generation,
+    deadlines: Deadlines,
+    text_out: TextIO | None,
+    options: dict[str, Any] | None = None,
+) -> LaunchRun:
+    """Start every rank of the target, stream rank 0's text to text_out, wait for the end."""
+    jobs = build_rank_jobs(
+        target.hostfile,
+        strategy=target.plan.strategy,
+        model=model,
+        generation=generation,
+        layer_split=target.plan.layer_split,
+        port=target.port,
+        deadlines=deadlines,
+    )
+    if options:
+        jobs = [replace(j, options=dict(options)) for j in jobs]
+
+    open_line = False  # streamed text not yet ended by a newline
+
+    def write(text: str) -> None:
+        nonlocal open_line
+        if text_out is not None:
+            text_out.write(text)
+            text_out.flush()
+            open_line = not text.endswith("\n")
+
+    loading = _LoadingDisplay(sys.stderr, len(jobs))
+    outcome = supervise(rank_launches(target, jobs), write, loading, deadlines)
+    if open_line and text_out is not None:
+        text_out.write("\n")
+        text_out.flush()
+    return LaunchRun(outcome, target)
+
+
+def _check_numbers(max_tokens: int, temp: float, top_p: float) -> None:
+    if max_tokens < 1:
+        raise InputError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if temp < 0:
+        raise InputError(f"--temp must be 0 (greedy) or more, got {temp}")
+    if not 0 < top_p <= 1:
+        raise InputError(f"--top-p must be in (0, 1], got {top_p}")
+
+
+def resolve_target(
+    cluster: ClusterSpec | None,
+    local: int | None,
+    plan_dir: str | None,
+    model: str | None,
+    strategy: str | None,
+    backend: str | None,
+) -> LaunchTarget:
+    """Where the ranks run; the caller has checked that exactly one source was given."""
+    if plan_dir is not None:
+        if strategy or backend:
+            raise InputError("--plan DIR already fixes strategy and backend; drop them or re-plan")
+        return plan_dir_target(plan_dir, model)
+    if model is None:
+        raise InputError("--model is required: a model directory or a Hugging Face repo id")
+    if local is not None:
+        check_local(local, backend)
+        return local_target(local, model, strategy or "auto")
+    assert cluster is not None
+    return cluster_target(cluster, model, strategy, backend)
+
+
+def _unreachable(cluster: ClusterSpec | None) -> int:
+    """Refuse (one line per host) when an ssh host does not answer; 0 when all do."""
+    if cluster is None:
+        return 0
+    from launcher.hosts.reachability import refuse_unreachable
+
+    return refuse_unreachable(cluster)
+
+
+@click.command("launch")
+@click.argument("cluster_file", required=False, metavar="[CLUSTER.yaml]")
+@click.option(
+    "--local", type=int, metavar="N", help="Run N ranks on this machine (ring over 127.0.0.1)."
+)
+@click.option(
+    "--plan", "plan_dir", metavar="DIR", help="Use plan.json + hostfile.json from `plan --out DIR`."
+)
+@click.option("--model", metavar="M", help="Model directory or Hugging Face repo id.")
+@click.option("--prompt", required=True, help="The prompt.")
+@click.option("--max-tokens", type=int, default=100, show_default=True)
+@click.option("--temp", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@placement_options
+@click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON line at the end.")
+@deadline_options(Deadlines.rank_timeout_s, "every rank is stopped")
+@click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
+def launch(
+    cluster_file: str | None,
+    local: int | None,
+    plan_dir: str | None,
+    model: str | None,
+    prompt: str,
+    max_tokens: int,
+    temp: float,
+    top_p: float,
+    seed: int,
+    strategy: str | None,
+    backend: str | None,
+    ignore_chat_template: bool,
+    as_json: bool,
+    rank_timeout: float,
+    load_timeout: float,
+    job_option: tuple[str, ...],
+) -> int:
+    """Run the model across the hosts and stream the generated text."""
+    _check_numbers(max_tokens, temp, top_p)
+    deadlines = check_deadlines(rank_timeout, load_timeout)
+    options = job_options(job_option)
+    if sum(x is not None for x in (cluster_file, local, plan_dir)) != 1:
+        raise InputError("give exactly one of CLUSTER.yaml, --local N or --plan DIR")
+    cluster = read_cluster(cluster_file) if cluster_file is not None else None
+    if code := _unreachable(cluster):  # before probing: probes of a dead host only time out
+        return code
+    try:
+        target = resolve_target(cluster, local, plan_dir, model, strategy, backend)
+    except PlanRefused as e:
+        click.echo(f"mlx-cluster: error: {e}", err=True)
+        return EXIT_RANK_FAILED
+    if plan_dir is not None and (code := _unreachable(target.cluster)):
+        return code
+    generation = Generation(prompt, max_tokens, temp, top_p, seed, not ignore_chat_template)
+    run = run_launch(
+        target,
+        model_for_ranks(model or target.plan.model),
+        generation,
+        deadlines,
+        None if as_json else sys.stdout,
+        options,
+    )
+    out = run.outcome
+    if out.interrupted:
+        click.echo("mlx-cluster: interrupted; every rank was stopped", err=True)
+    elif out.failure is not None:
+        click.echo(f"mlx-cluster: error: {out.failure.message()}", err=True)
+    elif as_json:
+        click.echo(run.json_line())
+    else:
+        click.echo(summary_line(out.result or {}, target))
+    return out.exit_code

@@ -1,0 +1,168 @@
+"""`mlx-cluster serve`: an OpenAI-compatible endpoint in front of the cluster's ranks.
+
+The HTTP server runs here, in the launcher process (so it outlives rank restarts); the ranks
+run in serve mode (cluster/serve/loop.py). One line on stdout once the model is ready; the log
+(failures, re-plans) goes to stderr. Exit codes: 0 stopped by a signal (Ctrl-C, SIGTERM);
+1 the first start failed or no plan fits; 2 bad input (flags, files, the model, the port).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import click
+
+from launcher.cli.options import (
+    check_deadlines,
+    check_hosts_source,
+    deadline_options,
+    job_options,
+    placement_options,
+)
+from launcher.hosts.gather import read_cluster
+from launcher.ranks.supervisor import EXIT_RANK_FAILED, interrupt_flag
+from launcher.ranks.target import PlanRefused, model_for_ranks
+from launcher.serve.cluster import ServeCluster
+from launcher.serve.failover import ServeSource, describe
+from launcher.serve.http import ServeServer
+from launcher.serve.runner import RankRunner
+from launcher.serve.tickets import Tickets
+from topology.errors import InputError
+
+RANK_TIMEOUT_S = 6.0  # lower than launch's: a lost rank must fail its request within 10 s
+STOP_TIMEOUT_S = 15.0  # ranks get SIGTERM, then SIGKILL after the grace period
+
+
+def _log(message: str) -> None:
+    click.echo(f"mlx-cluster: {message}", err=True)
+
+
+def _check(port: int, max_concurrency: int) -> None:
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port must be 0-65535 (0: any free port), got {port}")
+    if max_concurrency < 1:
+        raise InputError(f"--max-concurrency must be at least 1, got {max_concurrency}")
+
+
+def _source(
+    cluster_file: str | None,
+    local: int | None,
+    model: str | None,
+    strategy: str | None,
+    backend: str | None,
+) -> ServeSource:
+    check_hosts_source(cluster_file, local, backend)
+    if model is None:
+        raise InputError("--model is required: a model directory or a Hugging Face repo id")
+    if local is not None:
+        return ServeSource(model, strategy, backend, local=local)
+    assert cluster_file is not None
+    return ServeSource(model, strategy, backend, cluster=read_cluster(cluster_file))
+
+
+def _listen(
+    host: str, port: int, cluster: ServeCluster, model: str, key: str | None
+) -> ServeServer:
+    try:
+        return ServeServer((host, port), cluster, model, key)
+    except OSError as e:
+        raise InputError(
+            f"cannot listen on {host}:{port} ({e.strerror or e}): choose another --port / --host"
+        ) from None
+
+
+@click.command("serve")
+@click.argument("cluster_file", required=False, metavar="[CLUSTER.yaml]")
+@click.option("--local", type=int, help="Run N ranks on this machine (ring over 127.0.0.1).")
+@click.option("--model", help="Model directory or Hugging Face repo id.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8080, show_default=True, help="0: any free port.")
+@click.option(
+    "--api-key",
+    envvar="MLX_CLUSTER_API_KEY",
+    help="Require 'Authorization: Bearer KEY' on /v1/ requests (or set MLX_CLUSTER_API_KEY).",
+)
+@click.option(
+    "--max-concurrency",
+    type=int,
+    default=8,
+    show_default=True,
+    help="Requests open at once (queued or decoding); more get 429.",
+)
+@placement_options
+@deadline_options(RANK_TIMEOUT_S, "serve fails over")
+@click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
+def serve_cmd(
+    cluster_file: str | None,
+    local: int | None,
+    model: str | None,
+    host: str,
+    port: int,
+    api_key: str | None,
+    max_concurrency: int,
+    strategy: str | None,
+    backend: str | None,
+    rank_timeout: float,
+    load_timeout: float,
+    job_option: tuple[str, ...],
+) -> int:
+    """Serve the model over an OpenAI-compatible HTTP API, re-planning when a rank dies."""
+    _check(port, max_concurrency)
+    deadlines = check_deadlines(rank_timeout, load_timeout)
+    if api_key is not None and not api_key.strip():
+        raise InputError("--api-key / MLX_CLUSTER_API_KEY is empty: give a key or leave it unset")
+    options = job_options(job_option)
+    source = _source(cluster_file, local, model, strategy, backend)
+    if source.cluster is not None:
+        from launcher.hosts.reachability import refuse_unreachable
+
+        if code := refuse_unreachable(source.cluster):
+            return code
+    try:
+        target = source.first_target()
+    except PlanRefused as e:
+        _log(str(e))
+        return EXIT_RANK_FAILED
+    assert model is not None
+    tickets = Tickets(max_concurrency)
+    runner = RankRunner(
+        source, model_for_ranks(model), deadlines, options, _log, tickets.route, tickets.fail_all
+    )
+    cluster = ServeCluster(runner, tickets)
+    server = _listen(host, port, cluster, model, api_key)
+    url = f"http://{host}:{server.server_address[1]}/v1"
+    threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
+    try:
+        with interrupt_flag() as stopping:  # Ctrl-C/SIGTERM/SIGHUP: ranks first, then the server
+            cluster.start(target)
+            _log(f"listening on {url}; loading {model} as {describe(target)} ({target.backend})")
+            return _run(cluster, stopping, url, model)
+    finally:
+        cluster.stop(STOP_TIMEOUT_S)
+        server.shutdown()
+        server.server_close()
+
+
+def _run(cluster: ServeCluster, stopping: threading.Event, url: str, model: str) -> int:
+    """Wait for the first ready (or failure), print the ready line, then serve until a signal."""
+    announced = False
+    while not stopping.is_set():
+        runner = cluster.runner
+        with runner.changed:
+            runner.changed.wait(0.2)
+            status, target, first = runner.status, runner.target, runner.first_outcome
+        if first is not None:
+            message = first.failure.message() if first.failure else runner.reason
+            _log(f"error: {message}")
+            return first.exit_code or EXIT_RANK_FAILED
+        if status == "ready" and not announced and target is not None:
+            plan = target.plan
+            click.echo(
+                f"mlx-cluster: serving {model} at {url} "
+                f"({plan.strategy} × {len(plan.ranks)} ranks, {target.backend}); Ctrl-C stops"
+            )
+            sys.stdout.flush()
+            announced = True
+    _log("stopping: every rank is being stopped")
+    return 0

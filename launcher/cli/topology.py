@@ -1,0 +1,156 @@
+"""`mlx-cluster topology check` and `topology snapshot`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from launcher.discovery.cluster import discovered_cluster, refuse_other_sources
+from launcher.hosts.gather import cluster_from_args, cluster_to_probe, probe_facts
+from launcher.hosts.probe import probe_hosts
+from launcher.hosts.snapshots import check_out_dir, load_snapshot, write_snapshot
+from launcher.planning.model_source import load_model_spec
+from topology.cluster_file import BACKENDS, ClusterSpec
+from topology.errors import InputError
+from topology.facts import CheckResult
+from topology.host_facts import SSH_FAILED, host_facts
+from topology.planning.plan import DEFAULT_CONTEXT, model_problems
+from topology.problems import add_problems, check
+from topology.report import check_json, dot, text_report
+
+_DISCOVER_HELP = "Use the hosts whose `mlx-cluster agent` answers on the local network (mDNS)."
+
+
+@click.group("topology")
+def topology() -> None:
+    """Record and check how the Macs are wired (Thunderbolt links, RDMA, macOS)."""
+
+
+def _with_model(result: CheckResult, model: str, context: int) -> CheckResult:
+    """Add the planner's model problems (model_does_not_fit, tp_not_divisible, ...)."""
+    spec = load_model_spec(model)
+    return add_problems(result, model_problems(result, spec, context))
+
+
+def _write_dot(path: Path, result: CheckResult) -> None:
+    try:
+        path.write_text(dot(result), encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"--dot {path}: cannot write it ({e.strerror})") from None
+
+
+@topology.command("check")
+@click.argument("cluster", required=False, metavar="[CLUSTER.yaml]")
+@click.option("--hosts", metavar="A,B", help="Comma-separated ssh destinations to probe.")
+@click.option(
+    "--snapshot", type=click.Path(path_type=Path), metavar="DIR", help="Check a recorded snapshot."
+)
+@click.option("--discover", is_flag=True, help=_DISCOVER_HELP)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    help="Target backend (default: the cluster file's, else auto = jaccl).",
+)
+@click.option(
+    "--model", metavar="M", help="Also check that this model fits and divides (dir or HF repo id)."
+)
+@click.option(
+    "--context",
+    type=click.IntRange(1),
+    default=DEFAULT_CONTEXT,
+    show_default=True,
+    help="Context tokens for --model.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object instead of the report."
+)
+@click.option(
+    "--dot",
+    "dot_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    metavar="FILE",
+    help="Write Graphviz of the wiring.",
+)
+def check_cmd(
+    cluster: str | None,
+    hosts: str | None,
+    snapshot: Path | None,
+    discover: bool,
+    backend: str | None,
+    model: str | None,
+    context: int,
+    as_json: bool,
+    dot_file: Path | None,
+) -> int:
+    """Check the wiring against a backend: exit 0 ready, 1 something blocks it, 2 bad input."""
+    spec: ClusterSpec | None
+    if discover:
+        refuse_other_sources(cluster=cluster, hosts=hosts, snapshot=snapshot)
+        spec, files = discovered_cluster()
+    else:
+        spec, files = cluster_from_args(cluster, hosts, snapshot), None
+    facts = probe_facts(spec, files) if spec else load_snapshot(snapshot or Path())
+    result = check(facts, backend or (spec.backend if spec else "auto"))
+    if model:
+        result = _with_model(result, model, context)
+    if dot_file:
+        _write_dot(dot_file, result)
+    if as_json:
+        click.echo(json.dumps(check_json(result), indent=2))
+    else:
+        click.echo(text_report(result), nl=False)
+    return 0 if result.ok else 1
+
+
+def _summary(name: str, files: dict[str, str | None], out: Path) -> str:
+    facts = host_facts(name, files)
+    if not facts.is_mac:
+        failed = ", ".join(g.file for g in facts.gaps) or "none"
+        return (
+            f"{name}: not a Mac ({(files.get('uname.txt') or 'uname unknown').strip()}); only the "
+            f"TCP ring backend can use it. Failed: {failed} (see {out / name}/*.error)"
+        )
+    reasons = {g.reason for g in facts.gaps}
+    if len(reasons) == 1 and next(iter(reasons)).startswith(SSH_FAILED):
+        return f"{name}: unreachable, nothing recorded ({reasons.pop()})"
+    if facts.gaps:
+        return f"{name}: {len(facts.gaps)} file(s) missing: " + "; ".join(
+            f"{g.file}: {g.reason}" for g in facts.gaps
+        )
+    return f"{name}: all snapshot files recorded"
+
+
+@topology.command("snapshot")
+@click.argument("cluster", required=False, metavar="[CLUSTER.yaml]")
+@click.option(
+    "--hosts", metavar="A,B", help="Comma-separated ssh destinations (`localhost` = here)."
+)
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="New directory to write.",
+)
+@click.option("--discover", is_flag=True, help=_DISCOVER_HELP)
+def snapshot_cmd(cluster: str | None, hosts: str | None, out: Path, discover: bool) -> int:
+    """Record every host's command outputs into DIR (one subdirectory per host)."""
+    spec: ClusterSpec | None
+    if discover:
+        refuse_other_sources(cluster=cluster, hosts=hosts)
+        check_out_dir(out)
+        spec, files = discovered_cluster()
+    else:
+        spec = cluster_to_probe(cluster, hosts)
+        check_out_dir(out)
+        files = probe_hosts(spec)
+    write_snapshot(out, files, spec.hosts)
+    for h in spec.hosts:
+        click.echo(_summary(h.name, files[h.name], out))
+    click.echo(
+        f"Snapshot written to {out}; check it with `mlx-cluster topology check --snapshot {out}`"
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""Finding Macs over mDNS: the agent, its TXT records and HTTP side, browsing."""

@@ -1,0 +1,93 @@
+"""Run the snapshot commands on each host (over ssh, or here for `localhost`) and keep the output.
+
+stdout is kept byte for byte (decoded with surrogateescape, so writing it back restores the bytes).
+When a command fails, `<file>.error` says how (exit code and the first stderr lines); `uname.txt`
+(`uname -s`) tells a Mac from a Linux box. Hosts are probed in parallel; every command has a
+timeout.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from launcher.hosts.ssh import is_local, ssh_argv
+from topology.cluster_file import ClusterSpec, HostSpec
+from topology.host_facts import COMMANDS, ERROR_SUFFIX, SSH_FAILED, UNAME_FILE
+
+COMMAND_TIMEOUT_S = 30.0  # system_profiler can take several seconds on a busy Mac
+SSH_EXIT = 255  # ssh's own exit code when it could not connect or log in
+TIMED_OUT = 124  # what _run reports for a command that outlived its timeout
+_STDERR_KEEP = 2000
+
+PROBES: dict[str, tuple[str, ...]] = {UNAME_FILE: ("uname", "-s"), **COMMANDS}
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _run(argv: Sequence[str], timeout_s: float) -> tuple[int, bytes, str]:
+    """(exit code, stdout, what went wrong); 127 = not found, 124 = timed out."""
+    try:
+        done = subprocess.run(
+            list(argv), capture_output=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
+    except FileNotFoundError:
+        return 127, b"", f"{argv[0]}: command not found"
+    except subprocess.TimeoutExpired as e:
+        return TIMED_OUT, e.stdout or b"", f"timed out after {timeout_s:g} s"
+    except OSError as e:
+        return 126, b"", f"{argv[0]}: {e.strerror}"
+    return done.returncode, done.stdout, _decode(done.stderr).strip()[:_STDERR_KEEP]
+
+
+def _record(
+    out: dict[str, str | None], file: str, cmd: Sequence[str], rc: int, stdout: bytes, err: str
+) -> None:
+    out[file] = _decode(stdout) if rc == 0 or stdout else None
+    if rc != 0:
+        first = err.splitlines()[0] if err else "no error output"
+        out[file + ERROR_SUFFIX] = f"`{' '.join(cmd)}` failed (exit {rc}): {first}\n{err}\n"
+
+
+def _probe(argv_for: dict[str, list[str]], remote: bool, timeout_s: float) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for file, argv in argv_for.items():
+        rc, stdout, err = _run(argv, timeout_s)
+        if remote and rc in (SSH_EXIT, TIMED_OUT) and file == UNAME_FILE:
+            # ssh itself failed or hung (unreachable, key refused, a login that never ends):
+            # every file would fail the same way, each after its own timeout.
+            first = err.splitlines()[0] if err else "no error output"
+            reason = f"{SSH_FAILED} (exit {rc}): {first}"
+            for name in argv_for:
+                out[name] = None
+                out[name + ERROR_SUFFIX] = f"{reason}\n{err}\n"
+            return out
+        _record(out, file, PROBES[file], rc, stdout, err)
+    return out
+
+
+def probe_local(timeout_s: float = COMMAND_TIMEOUT_S) -> dict[str, str | None]:
+    """This machine's snapshot files (every command run here, no ssh)."""
+    return _probe({f: list(cmd) for f, cmd in PROBES.items()}, remote=False, timeout_s=timeout_s)
+
+
+def probe_host(
+    spec: ClusterSpec, host: HostSpec, timeout_s: float = COMMAND_TIMEOUT_S
+) -> dict[str, str | None]:
+    """One host's snapshot files: locally for `localhost`, else one ssh call per command."""
+    if is_local(host):
+        return probe_local(timeout_s)
+    argv_for = {f: ssh_argv(spec, host, cmd) for f, cmd in PROBES.items()}
+    return _probe(argv_for, remote=True, timeout_s=timeout_s)
+
+
+def probe_hosts(
+    spec: ClusterSpec, timeout_s: float = COMMAND_TIMEOUT_S
+) -> dict[str, dict[str, str | None]]:
+    """Every host's snapshot files by host name, hosts probed in parallel."""
+    with ThreadPoolExecutor(max_workers=min(16, len(spec.hosts))) as pool:
+        results = pool.map(lambda h: probe_host(spec, h, timeout_s), spec.hosts)
+        return {h.name: files for h, files in zip(spec.hosts, results, strict=True)}

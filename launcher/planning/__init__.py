@@ -1,0 +1,1 @@
+"""From hosts and a model to a plan: model sources, calibration figures, the cluster plan."""

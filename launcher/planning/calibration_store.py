@@ -1,0 +1,60 @@
+"""Where `bench --calibrate` keeps its measurements and where planning reads them back.
+
+One JSON file: $MLX_CLUSTER_CACHE/calibration.json, else ~/.cache/mlx-cluster/calibration.json.
+A new calibration replaces only the backends and hosts it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from topology.errors import InputError
+from topology.planning.calibration import Calibration
+
+CACHE_ENV = "MLX_CLUSTER_CACHE"
+FILE_NAME = "calibration.json"
+
+
+def calibration_path() -> Path:
+    cache = os.environ.get(CACHE_ENV)
+    base = Path(cache).expanduser() if cache else Path.home() / ".cache" / "mlx-cluster"
+    return base / FILE_NAME
+
+
+def load_calibration(path: Path | None = None) -> Calibration | None:
+    """The saved calibration, None when there is none; InputError when the file is broken."""
+    path = path or calibration_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(
+            f"{path}: cannot read it ({e}); delete it or re-run bench --calibrate"
+        ) from None
+    try:
+        return Calibration.from_json(json.loads(text))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise InputError(
+            f"{path}: not a calibration file ({type(e).__name__}: {e}); "
+            "delete it or re-run `mlx-cluster bench --calibrate`"
+        ) from None
+
+
+def save_calibration(new: Calibration, path: Path | None = None) -> Path:
+    """Merge `new` into the saved calibration (atomically replaced) and return the path."""
+    path = path or calibration_path()
+    old = load_calibration(path) or Calibration()
+    merged = old.merged(new)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(merged.to_json(), indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError as e:
+        raise InputError(
+            f"cannot write {path} ({e}); set {CACHE_ENV} to a writable folder"
+        ) from None
+    return path

@@ -1,0 +1,121 @@
+"""Plans from real inputs: a cluster file (probed live), a snapshot, or this machine (--local N).
+
+The I/O around topology.planning.plan: probing, reading snapshots, finding this machine's
+memory and chip.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from launcher.planning.calibration_store import load_calibration
+from launcher.planning.model_source import load_model_spec
+from topology.cluster_file import ClusterSpec
+from topology.facts import HostFacts
+from topology.model.spec import ModelSpec
+from topology.planning.hostfile import hostfile_json
+from topology.planning.plan import DEFAULT_CONTEXT, LOCAL_IP, Plan, plan_cluster, plan_local
+from topology.problems import check
+
+_SYSCTL_TIMEOUT_S = 5.0
+_MIB = 1 << 20
+
+
+def _sysctl(name: str) -> str | None:
+    """`sysctl -n name` on macOS; None elsewhere or on any failure."""
+    if platform.system() != "Darwin":
+        return None
+    try:
+        out = subprocess.run(
+            ["sysctl", "-n", name], capture_output=True, text=True, timeout=_SYSCTL_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def this_machine() -> HostFacts:
+    """This machine's memory (and on a Mac its chip and GPU wired limit), for --local N."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    wired = _sysctl("iogpu.wired_limit_mb")
+    wired_bytes = int(wired) * _MIB if wired and wired.isdigit() and int(wired) > 0 else None
+    return HostFacts(
+        name="localhost",
+        ssh=LOCAL_IP,
+        ips=(LOCAL_IP,),
+        chip=_sysctl("machdep.cpu.brand_string"),
+        memory_bytes=int(memory),
+        is_mac=platform.system() == "Darwin",
+        wired_limit_bytes=wired_bytes,
+    )
+
+
+def empty_hostfile(plan: Plan) -> dict[str, Any]:
+    return {"backend": plan.backend or "ring", "envs": [], "hosts": []}
+
+
+def plan_for_facts(
+    facts: Sequence[HostFacts],
+    spec: ModelSpec,
+    *,
+    strategy: str = "auto",
+    backend: str = "auto",
+    context: int = DEFAULT_CONTEXT,
+    envs: Sequence[str] = (),
+) -> tuple[Plan, dict[str, Any]]:
+    """Check the hosts, plan, and the mlx.launch hostfile (no hosts when there is no plan)."""
+    result = check(facts, backend)
+    plan = plan_cluster(
+        result, spec, strategy=strategy, backend=backend, context=context,
+        calibration=load_calibration(),  # bench --calibrate's numbers, when saved
+    )  # fmt: skip
+    if not plan.ok:
+        return plan, empty_hostfile(plan)
+    return plan, hostfile_json(plan, result.links, envs)
+
+
+def plan_for_cluster(
+    spec: ClusterSpec,
+    model: str,
+    *,
+    strategy: str = "auto",
+    backend: str = "auto",
+    context: int = DEFAULT_CONTEXT,
+) -> tuple[Plan, dict[str, Any]]:
+    """Probe a cluster file's hosts live, check and plan (used by `plan` and `launch`)."""
+    from launcher.hosts.gather import probe_facts
+
+    model_spec = load_model_spec(model)
+    facts = probe_facts(spec)
+    return plan_for_facts(
+        facts, model_spec, strategy=strategy, backend=backend, context=context, envs=spec.env
+    )
+
+
+def plan_for_snapshot(
+    directory: Path, model_spec: ModelSpec, *, strategy: str, backend: str, context: int
+) -> tuple[Plan, dict[str, Any]]:
+    from launcher.hosts.snapshots import load_snapshot
+
+    return plan_for_facts(
+        load_snapshot(directory), model_spec, strategy=strategy, backend=backend, context=context
+    )
+
+
+def plan_for_local(
+    n: int, model_spec: ModelSpec, *, strategy: str, context: int
+) -> tuple[Plan, dict[str, Any]]:
+    plan = plan_local(
+        this_machine(), n, model_spec, strategy=strategy, context=context,
+        calibration=load_calibration(),  # bench --calibrate's numbers, when saved
+    )  # fmt: skip
+    if not plan.ok:
+        return plan, empty_hostfile(plan)
+    return plan, hostfile_json(plan)

@@ -1,0 +1,1 @@
+"""Starting ranks on their hosts and supervising them: jobs, processes, the supervisor."""

@@ -1,0 +1,241 @@
+"""Run every rank of one job to the end, or stop them all together.
+
+Any rank exiting non-zero, going silent (SIGSTOP, hung) or the whole job making no progress
+(a collective whose peer vanished: jaccl never notices) stops every rank, as does Ctrl-C.
+The deadlines live here, outside the collectives: a rank that stops sending events for
+`rank_timeout_s` is hung; while weights load the allowance is `load_timeout_s`, reset by
+every loading progress event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.hosts.probe import SSH_EXIT
+from launcher.ranks.process import RankLaunch, RankProcess, Report, stop_all
+
+EXIT_OK = 0
+EXIT_RANK_FAILED = 1
+EXIT_BAD_INPUT = 2  # a rank found the model or job unusable (missing model, shapes)
+EXIT_INTERRUPTED = 130
+
+QUIET_EVENTS = ("heartbeat", "started")  # signs of life, not of progress
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    rank_timeout_s: float = 30.0  # silence or no progress while decoding
+    load_timeout_s: float = 300.0  # silence or no progress before the first token
+    grace_s: float = 2.0  # SIGTERM → SIGKILL
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int
+    host: str
+    reason: str
+    stderr_tail: tuple[str, ...] = ()
+
+    def message(self) -> str:
+        head = f"rank {self.rank} on {self.host} {self.reason}; every rank was stopped"
+        if not self.stderr_tail:
+            return head
+        return (
+            head + "\nlast lines of its stderr:\n" + "\n".join(f"  | {s}" for s in self.stderr_tail)
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int
+    result: dict[str, Any] | None = None  # rank 0's "result" event
+    failure: Failure | None = None
+    interrupted: bool = False
+
+
+TextSink = Callable[[str], None]
+EventSink = Callable[[int, dict[str, Any]], None]
+
+
+@dataclass
+class _Clock:
+    """When each rank was last heard from and when the job last moved forward."""
+
+    last_sign: list[float]
+    loading: list[bool]
+    last_progress: float
+    decoding: bool = False
+
+    def heard(self, rank: int, event: dict[str, Any] | None, now: float) -> None:
+        self.last_sign[rank] = now
+        name = event.get("event") if event is not None else "text"
+        if name in QUIET_EVENTS:
+            return
+        self.last_progress = now
+        if name in ("loaded", "decode", "ready"):  # the stage cluster.rank enters once loaded
+            self.loading[rank] = False
+        ev = event or {}
+        if name in ("text", "result") or (name == "progress" and ev.get("stage") == "decode"):
+            self.decoding = True
+            self.loading = [False] * len(self.loading)
+
+
+def _allowance(d: Deadlines, loading: bool) -> float:
+    return d.load_timeout_s if loading else d.rank_timeout_s
+
+
+def _overdue(clock: _Clock, d: Deadlines, alive: list[int], now: float) -> tuple[int, str] | None:
+    """The rank to blame and why, when a deadline has passed."""
+    for r in alive:
+        silent = now - clock.last_sign[r]
+        if silent > _allowance(d, clock.loading[r]):
+            return r, f"sent nothing for {silent:.1f} s (stopped or hung)"
+    stalled = now - clock.last_progress
+    if alive and stalled > _allowance(d, not clock.decoding):
+        quietest = min(alive, key=lambda r: clock.last_sign[r])
+        return quietest, f"made no progress for {stalled:.1f} s (stuck in a collective?)"
+    return None
+
+
+@contextlib.contextmanager
+def interrupt_flag(stop: threading.Event | None = None) -> Iterator[threading.Event]:
+    """SIGINT/SIGTERM/SIGHUP set a flag the loop checks, so the ranks are stopped in order."""
+    flag = stop or threading.Event()  # a caller's `stop` ends the job like Ctrl-C
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.getsignal(s) for s in sigs}
+    for s in sigs:
+        signal.signal(s, lambda _n, _f: flag.set())
+    try:
+        yield flag
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def supervise(
+    launches: list[RankLaunch],
+    on_text: TextSink,
+    on_event: EventSink | None = None,
+    deadlines: Deadlines = Deadlines(),
+    on_started: Callable[[list[RankProcess]], None] | None = None,
+    stop: threading.Event | None = None,
+) -> Outcome:
+    """Start the ranks, stream rank 0's text to on_text, and return how the job ended.
+    on_started gets the started ranks (serve writes requests to rank 0); setting `stop` ends
+    the job as Ctrl-C would (for callers off the main thread, where signals cannot reach)."""
+    reports: queue.Queue[Report] = queue.Queue()
+    ranks: list[RankProcess] = []
+    with interrupt_flag(stop) as interrupted:
+        try:
+            for launch in launches:
+                ranks.append(RankProcess(launch, reports))
+            if on_started is not None:
+                on_started(ranks)
+            return _watch(ranks, reports, on_text, on_event, deadlines, interrupted)
+        finally:
+            stop_all(ranks, deadlines.grace_s)
+
+
+class _Watch:
+    """The supervisor's loop state: who exited, the clocks, rank 0's result."""
+
+    def __init__(
+        self, ranks: list[RankProcess], on_text: TextSink, on_event: EventSink | None
+    ) -> None:
+        now = time.monotonic()
+        self.ranks = ranks
+        self.clock = _Clock([now] * len(ranks), [True] * len(ranks), now)
+        self.result: dict[str, Any] | None = None
+        self.exited: set[int] = set()
+        self._on_text = on_text
+        self._on_event = on_event
+
+    def take(self, rep: Report, now: float) -> None:
+        """Hand a rank's text or event on and note it on the clocks."""
+        self.clock.heard(rep.rank, rep.event, now)
+        if rep.kind == "text" and rep.rank == 0:
+            self._on_text(rep.text)
+        elif rep.event is not None:
+            if rep.event.get("event") == "result" and rep.rank == 0:
+                self.result = rep.event
+            if self._on_event is not None:
+                self._on_event(rep.rank, rep.event)
+
+    def finish(self, reports: queue.Queue[Report]) -> None:
+        """Pass on everything the ranks wrote before exiting (readers end just after the exit)."""
+        for r in self.ranks:
+            r.drain_output(1.0)
+        while True:
+            try:
+                rep = reports.get_nowait()
+            except queue.Empty:
+                return
+            if rep.kind != "exit":
+                self.take(rep, time.monotonic())
+
+
+def _watch(
+    ranks: list[RankProcess],
+    reports: queue.Queue[Report],
+    on_text: TextSink,
+    on_event: EventSink | None,
+    d: Deadlines,
+    interrupted: threading.Event,
+) -> Outcome:
+    w = _Watch(ranks, on_text, on_event)
+    while len(w.exited) < len(ranks):
+        if interrupted.is_set():
+            return Outcome(EXIT_INTERRUPTED, w.result, interrupted=True)
+        try:
+            rep: Report | None = reports.get(timeout=0.1)
+        except queue.Empty:
+            rep = None
+        now = time.monotonic()
+        if rep is not None and rep.kind == "exit":
+            w.exited.add(rep.rank)
+            if rep.code != 0:
+                ranks[rep.rank].drain_output(1.0)
+                failed = ranks[rep.rank]
+                code = EXIT_BAD_INPUT if failed.error_kind == "input" else EXIT_RANK_FAILED
+                return Outcome(code, w.result, _exit_failure(failed, rep.code))
+        elif rep is not None:
+            w.take(rep, now)
+        alive = [i for i in range(len(ranks)) if i not in w.exited]
+        late = _overdue(w.clock, d, alive, now)
+        if late is not None:
+            return Outcome(EXIT_RANK_FAILED, w.result, _failure(ranks[late[0]], late[1]))
+    w.finish(reports)
+    if w.result is None:
+        return Outcome(EXIT_RANK_FAILED, None, _failure(ranks[0], "exited without a result"))
+    return Outcome(EXIT_OK, w.result)
+
+
+def _failure(r: RankProcess, reason: str) -> Failure:
+    return Failure(r.launch.rank, r.launch.host, f"{reason} [stage: {r.stage}]", tuple(r.tail))
+
+
+def _exit_failure(r: RankProcess, code: int | None) -> Failure:
+    if code is not None and code < 0:
+        try:
+            reason = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:  # a real-time signal has no name
+            reason = f"was killed by signal {-code}"
+    elif code == SSH_EXIT and r.launch.remote:  # ssh's own code: a signal or a broken link
+        reason = (
+            f"exited with code {code} (ssh: the remote rank was killed or the connection dropped)"
+        )
+    else:
+        reason = f"exited with code {code}"
+    if r.error:
+        reason += f": {r.error}"
+    return _failure(r, reason)

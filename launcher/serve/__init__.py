@@ -1,0 +1,1 @@
+"""`mlx-cluster serve`: the HTTP API, the ranks behind it, failover."""

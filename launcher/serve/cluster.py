@@ -1,0 +1,74 @@
+"""What `mlx-cluster serve`'s HTTP side talks to: the ranks (runner.py) and the requests open
+on them (tickets.py). A request becomes a ticket and one JSON line on rank 0's stdin; /health
+reports whether the ranks are serving and answering.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from launcher.ranks.target import LaunchTarget
+from launcher.serve.openai_api import GenerateRequest, new_id
+from launcher.serve.runner import RankRunner
+from launcher.serve.tickets import Event, Ticket, Tickets, Unavailable
+
+SILENT_RANK_S = 3.0  # /health: a rank heard from longer ago than this is not "answering"
+
+
+class ServeCluster:
+    def __init__(self, runner: RankRunner, tickets: Tickets) -> None:
+        self.runner, self.tickets = runner, tickets
+        self.deadlines = runner.deadlines
+        self._send_lock = threading.Lock()
+
+    def start(self, target: LaunchTarget) -> None:
+        self.runner.start(target)
+
+    def stop(self, timeout_s: float) -> None:
+        self.runner.stop(timeout_s)
+
+    def submit(self, request: GenerateRequest) -> Ticket:
+        """Queue a request on rank 0; Unavailable / Busy (tickets.py) when it cannot be taken."""
+        runner = self.runner
+        with runner.changed:
+            rank0 = runner.rank0
+            if runner.status != "ready" or rank0 is None:
+                raise Unavailable(runner.reason)
+            ticket = self.tickets.open(new_id(request.kind))
+        line = request.rank_line(ticket.id, seed=random.randrange(2**31))
+        with self._send_lock:  # one writer at a time: lines must not interleave
+            sent = rank0.send_line(line)
+        if not sent:
+            self.tickets.drop(ticket.id)
+            raise Unavailable("the ranks are stopping")
+        return ticket
+
+    def events(self, ticket: Ticket) -> Iterator[Event]:
+        """The ticket's events; a silence longer than the supervisor's own deadline ends it."""
+        quiet_s = self.deadlines.rank_timeout_s + self.deadlines.grace_s + 5.0
+        return self.tickets.events(ticket, quiet_s)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        runner = self.runner
+        with runner.changed:
+            target = runner.target
+            if runner.status != "ready" or target is None:
+                return False, {"status": runner.status, "reason": runner.reason}
+            now = time.monotonic()
+            silent = [r for r, t in enumerate(runner.heard) if now - t > SILENT_RANK_S]
+            if silent:
+                reason = f"rank(s) {silent} silent for more than {SILENT_RANK_S:.0f} s"
+                return False, {"status": "unresponsive", "reason": reason}
+            plan = target.plan
+            return True, {
+                "status": "ok",
+                "strategy": plan.strategy,
+                "backend": target.backend,
+                "ranks": len(plan.ranks),
+                "hosts": [r.host for r in plan.ranks],
+                "open_requests": len(self.tickets),
+            }

@@ -1,0 +1,115 @@
+"""Where `mlx-cluster serve` runs: the first plan, and the next one after a rank or host dies.
+
+--local N loses one rank (N-1 local ranks remain); a cluster file loses the hosts that stopped
+answering ssh or, when all answer, the host of the rank that failed. The planner
+(topology/planning/plan.py, through launcher/ranks/target.py) then chooses: tensor over fewer
+ranks, or pipeline when tensor no longer divides or fits. The user's strategy and backend are tried
+first, then "auto" for both (a jaccl mesh may have lost its only RDMA path: ring works).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from launcher.hosts.reachability import ANSWER_TIMEOUT_S, unreachable_hosts
+from launcher.hosts.ssh import is_local, ssh_argv
+from launcher.ranks.target import LaunchTarget, PlanRefused, cluster_target, local_target
+from topology.cluster_file import ClusterSpec, HostSpec
+from topology.errors import InputError
+
+# Kill a leftover rank by pid, but only if that pid is still a rank (ps works on macOS and Linux).
+_KILL_RANK = 'ps -p "$1" -o command= | grep -q cluster.rank && kill -9 "$1"; true'
+
+
+@dataclass(frozen=True)
+class ServeSource:
+    """What serve was asked to run on: N local ranks or a cluster file's hosts."""
+
+    model: str
+    strategy: str | None = None
+    backend: str | None = None
+    local: int | None = None
+    cluster: ClusterSpec | None = None
+
+    def first_target(self) -> LaunchTarget:
+        """The plan with the user's choices; PlanRefused / InputError as launch would."""
+        return self._plan(self.strategy, self.backend)
+
+    def replan(self) -> LaunchTarget:
+        """The user's choices if they still fit, else whatever the planner finds."""
+        tried: list[str] = []
+        attempts = [(self.strategy, self.backend), ("auto", "auto")]
+        for strategy, backend in dict.fromkeys(attempts):
+            try:
+                return self._plan(strategy, backend)
+            except (PlanRefused, InputError) as e:
+                tried.append(str(e))
+        raise PlanRefused("; ".join(dict.fromkeys(tried)))
+
+    def _plan(self, strategy: str | None, backend: str | None) -> LaunchTarget:
+        if self.local is not None:
+            if self.local < 1:
+                raise PlanRefused("no local rank remains")
+            return local_target(self.local, self.model, strategy or "auto")
+        assert self.cluster is not None
+        if not self.cluster.hosts:
+            raise PlanRefused(f"{self.cluster.source}: no host remains")
+        return cluster_target(self.cluster, self.model, strategy, backend)
+
+    def without(self, hosts: list[str]) -> ServeSource:
+        """The same source minus the hosts that died (one rank fewer for --local)."""
+        if self.local is not None:
+            return replace(self, local=self.local - 1)
+        assert self.cluster is not None
+        kept = tuple(h for h in self.cluster.hosts if h.name not in hosts)
+        return replace(self, cluster=replace(self.cluster, hosts=kept))
+
+    def lost_hosts(
+        self, target: LaunchTarget, rank: int, pids: dict[int, int]
+    ) -> tuple[list[str], bool]:
+        """The hosts to leave out after `rank` failed (and whether they stopped answering ssh),
+        with every other rank put down first.
+
+        Hosts that no longer answer ssh are the likely cause whichever rank a deadline blamed
+        (a peer stuck in a collective with a vanished host looks just as silent). A remote rank
+        frozen inside an MLX call that holds the GIL cannot act on its stdin EOF, so each one
+        on a host that still answers is killed by pid before its host is used again.
+        """
+        blamed = lost_host(target, rank)
+        if self.cluster is None:
+            return [blamed], False
+        on_target = {r.host for r in target.plan.ranks}
+        hosts = [h for h in self.cluster.hosts if h.name in on_target]
+        gone = {u.host.name for u in unreachable_hosts(replace(self.cluster, hosts=tuple(hosts)))}
+        by_name = {h.name: h for h in hosts}
+        leftovers = [
+            (by_name[r.host], pids[r.rank])
+            for r in target.plan.ranks
+            if r.rank in pids and r.host in by_name and r.host not in gone
+        ]
+        with ThreadPoolExecutor(max_workers=max(1, len(leftovers))) as pool:
+            list(pool.map(lambda hp: self._kill(hp[0], hp[1]), leftovers))
+        return (sorted(gone), True) if gone else ([blamed], False)
+
+    def _kill(self, host: HostSpec, pid: int) -> None:
+        if is_local(host) or self.cluster is None:
+            return  # local ranks got SIGKILL from the supervisor
+        argv = ssh_argv(self.cluster, host, ["sh", "-c", _KILL_RANK, "sh", str(pid)])
+        # Unreachable after all: nothing more can be done from here.
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=ANSWER_TIMEOUT_S
+            )
+
+
+def describe(target: LaunchTarget) -> str:
+    """ "tensor ×2" — what the log and the ready line show."""
+    return f"{target.plan.strategy} ×{len(target.plan.ranks)}"
+
+
+def lost_host(target: LaunchTarget, rank: int) -> str:
+    ranks = target.plan.ranks
+    return ranks[rank].host if 0 <= rank < len(ranks) else "?"

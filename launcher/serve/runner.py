@@ -1,0 +1,190 @@
+"""The ranks behind `mlx-cluster serve`: start them, and fail over when they go.
+
+A runner thread supervises one rank job at a time (launcher/ranks/supervisor.py, job mode
+"serve"). When the job ends (a rank died, hung or made no progress) every open request ends with
+an error at once (on_down), /health turns 503, and the runner re-plans on the hosts that remain
+(launcher/serve/failover.py) and starts again. Rank 0's request events go to on_event.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from launcher.ranks.jobs import Generation, build_rank_jobs
+from launcher.ranks.process import RankProcess
+from launcher.ranks.supervisor import (
+    EXIT_BAD_INPUT,
+    EXIT_RANK_FAILED,
+    Deadlines,
+    Outcome,
+    supervise,
+)
+from launcher.ranks.target import LaunchTarget, PlanRefused, rank_launches
+from launcher.serve.failover import ServeSource, describe
+from launcher.serve.tickets import Event
+from topology.errors import InputError
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class _Change:
+    """A failure being recovered from, for the "serving again" log line."""
+
+    what: str  # "rank 1 (local1) died"
+    before: str  # "tensor ×2"
+    since: float
+
+
+class RankRunner:
+    """Runs the serve-mode rank job, and after a failure re-plans and runs the next one."""
+
+    def __init__(
+        self,
+        source: ServeSource,
+        model: str,
+        deadlines: Deadlines,
+        options: dict[str, Any],
+        log: Log,
+        on_event: Callable[[Event], None],
+        on_down: Callable[[str], None],
+    ) -> None:
+        self.source, self.model, self.deadlines = source, model, deadlines
+        self.options, self.log = options, log
+        self._route, self._fail_open = on_event, on_down
+        self.stop_flag = threading.Event()
+        self.changed = threading.Condition()  # status changes: launcher/cli/serve.py waits on these
+        self.status = "starting"  # starting | ready | restarting | failed | down | stopped
+        self.reason = "the ranks are loading the model"
+        self.target: LaunchTarget | None = None
+        self.first_outcome: Outcome | None = None  # set when the very first start failed
+        self.rank0: RankProcess | None = None  # set while ready: where requests go
+        self.heard: list[float] = []  # per rank, when it last said anything
+        self._change: _Change | None = None
+        self._ready_count = 0  # how many jobs reached "ready"
+        self._pids: dict[int, int] = {}  # rank -> pid, from the ranks' "started" events
+        self._thread: threading.Thread | None = None
+
+    def start(self, target: LaunchTarget) -> None:
+        self._thread = threading.Thread(target=self._run, args=(target,), daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        self.stop_flag.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self, target: LaunchTarget) -> None:
+        try:
+            self._loop(target)
+        except Exception as e:  # never leave /health saying "restarting" forever
+            reason = f"the rank runner failed: {type(e).__name__}: {e}"
+            self._set_status("down", reason, fail_open=True)
+            self.log(f"{reason}; answering 503")
+            if self._ready_count == 0:
+                self.first_outcome = Outcome(EXIT_RANK_FAILED)
+                self._notify()
+
+    def _loop(self, target: LaunchTarget) -> None:
+        while True:
+            outcome = self._serve(target)
+            reason = outcome.failure.message().splitlines()[0] if outcome.failure else "stopped"
+            ever_ready = self._ready_count > 0
+            self._set_status("down" if ever_ready else "failed", reason, fail_open=True)
+            if self.stop_flag.is_set():
+                return self._set_status("stopped", "mlx-cluster serve is stopping")
+            if not ever_ready:  # the first start failed: the serve command reports it and exits
+                self.first_outcome = outcome
+                return self._notify()
+            if outcome.exit_code == EXIT_BAD_INPUT or outcome.failure is None:
+                return self.log(f"cannot restart the ranks ({reason}); answering 503")
+            rank = outcome.failure.rank
+            self.log(f"{reason}; re-planning on the hosts that remain")
+            change = self._change or _Change("", describe(target), time.monotonic())
+            lost, unreachable = self.source.lost_hosts(target, rank, dict(self._pids))
+            if unreachable:
+                what = f"{', '.join(lost)} stopped answering"
+            else:
+                what = f"rank {rank} ({lost[0]}) died"
+            self._change = replace(change, what=what)
+            self.source = self.source.without(lost)
+            try:
+                target = self.source.replan()
+            except (PlanRefused, InputError) as e:
+                self._set_status("down", f"no plan fits on the hosts that remain: {e}")
+                return self.log(f"no plan fits on the hosts that remain: {e}; answering 503")
+            if self.stop_flag.is_set():
+                return self._set_status("stopped", "mlx-cluster serve is stopping")
+            self.log(f"new plan: {describe(target)} ({target.plan.reason}); starting the ranks")
+            self._set_status("restarting", f"restarting as {describe(target)} after: {reason}")
+
+    def _serve(self, target: LaunchTarget) -> Outcome:
+        """One supervised job of serve-mode ranks; returns when it ends."""
+        jobs = build_rank_jobs(
+            target.hostfile,
+            strategy=target.plan.strategy,
+            model=self.model,
+            generation=Generation(prompt=""),
+            layer_split=target.plan.layer_split,
+            port=target.port,
+            deadlines=self.deadlines,
+        )
+        jobs = [replace(j, mode="serve", options=dict(self.options)) for j in jobs]
+        with self.changed:
+            self.target = target
+            self.heard = [time.monotonic()] * len(jobs)
+            self._pids = {}
+        return supervise(
+            rank_launches(target, jobs),
+            on_text=lambda _text: None,  # serve ranks write nothing on stdout
+            on_event=self._on_event,
+            deadlines=self.deadlines,
+            on_started=self._on_started,
+            stop=self.stop_flag,
+        )
+
+    def _on_started(self, ranks: list[RankProcess]) -> None:
+        with self.changed:
+            self.rank0 = ranks[0]
+
+    def _on_event(self, rank: int, event: dict[str, Any]) -> None:
+        name = event.get("event")
+        with self.changed:
+            if rank < len(self.heard):
+                self.heard[rank] = time.monotonic()
+            if name == "started" and isinstance(event.get("pid"), int):
+                self._pids[rank] = event["pid"]
+            if rank == 0:
+                self._route(event)
+        if name == "ready" and rank == 0:
+            self._ready()
+
+    def _ready(self) -> None:
+        assert self.target is not None
+        now = describe(self.target)
+        self._ready_count += 1
+        self._set_status("ready", f"serving as {now}")
+        if self._change is not None:
+            took = time.monotonic() - self._change.since
+            self.log(
+                f"{self._change.what}; re-planned {self._change.before} → {now} "
+                f"in {took:.1f} s; serving again"
+            )
+            self._change = None
+
+    def _set_status(self, status: str, reason: str, fail_open: bool = False) -> None:
+        with self.changed:
+            self.status, self.reason = status, reason
+            if status != "ready":
+                self.rank0 = None
+            if fail_open:  # every open request ends now, with the reason
+                self._fail_open(reason)
+            self.changed.notify_all()
+
+    def _notify(self) -> None:
+        with self.changed:
+            self.changed.notify_all()

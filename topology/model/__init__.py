@@ -1,0 +1,1 @@
+"""A model's architecture and what its weights weigh, from config.json alone."""

@@ -1,0 +1,256 @@
+"""A model's shape from its config.json (and optional safetensors index), and what it weighs.
+
+Sizes are estimated from the architecture the way mlx-lm lays the weights out (every Linear and
+the embedding quantized when `quantization` is set; norms and DeepSeek's router kept in bf16).
+When model.safetensors.index.json gives metadata.total_size, every estimate is scaled to it.
+Checked against the mlx-community conversions' published sizes on the Hugging Face Hub
+(tests/topology/test_model_spec.py): Llama 3.3 70B bf16 ≈ 141 GB, Qwen3 235B-A22B 4-bit
+≈ 132 GB, DeepSeek V3 4-bit ≈ 378 GB, Qwen3 32B 8-bit ≈ 35 GB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from topology.errors import InputError
+from topology.model.layout import LayerCost, estimate_layers
+from topology.model.shape import ModelShape
+
+# model_type values whose mlx-lm 0.32 model class has shard() (tensor parallel), after
+# mlx-lm's MODEL_REMAPPING (mistral -> llama, kimi_k2 -> deepseek_v3, ...).
+TENSOR_FAMILIES = frozenset(
+    {
+        "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_next",
+        "deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm4_moe_lite",
+        "gpt_oss", "minimax", "minimax_m2", "ministral3", "exaone_moe", "step3p5",
+    }
+)  # fmt: skip
+KV_CACHE_DTYPE_BYTES = 2  # mlx-lm caches keys/values in the activation dtype (bf16/fp16)
+
+
+@dataclass(frozen=True)
+class ModelSpec(ModelShape):
+    """A model's shape with what its weights and KV cache weigh."""
+
+    @property
+    def tensor_supported(self) -> bool:
+        return self.model_type in TENSOR_FAMILIES
+
+    @property
+    def quant_label(self) -> str:
+        if self.bits < 16:
+            return f"{self.bits}-bit"
+        return "float32" if self.dtype_bytes == 4 else "bf16"
+
+    @cached_property
+    def estimated_layers(self) -> tuple[LayerCost, ...]:
+        return estimate_layers(self)
+
+    @cached_property
+    def _scale(self) -> float:
+        """Index total / estimate: applied to every estimate so the parts add up to the index."""
+        est = sum(c.total for c in self.estimated_layers) + self._est_outside
+        return self.index_total_bytes / est if self.index_total_bytes and est else 1.0
+
+    @cached_property
+    def _est_outside(self) -> float:
+        return self._est_embedding + self._est_head + self.hidden * self.dtype_bytes
+
+    @property
+    def _est_embedding(self) -> float:
+        return self.vocab * self.hidden * self.param_bytes(self.bits)
+
+    @property
+    def _est_head(self) -> float:
+        return 0.0 if self.tie_embeddings else self._est_embedding
+
+    def layer_costs(self) -> tuple[LayerCost, ...]:
+        """Per-layer bytes (scaled to the index when there is one)."""
+        s = self._scale
+        return tuple(c.scaled(s) for c in self.estimated_layers)
+
+    @property
+    def embedding_bytes(self) -> int:
+        return int(self._est_embedding * self._scale)
+
+    @property
+    def head_bytes(self) -> int:
+        """The LM head (0 when tied to the embedding) plus the final norm."""
+        return int((self._est_head + self.hidden * self.dtype_bytes) * self._scale)
+
+    @property
+    def outside_layers_bytes(self) -> int:
+        """Embedding + head + final norm: every rank holds these, in both strategies."""
+        return self.embedding_bytes + self.head_bytes
+
+    @property
+    def outside_layers_active_bytes(self) -> int:
+        """Read per token outside the layers: one embedding row and the whole head."""
+        row = self.hidden * self.param_bytes(self.bits) * self._scale
+        head = self._est_head * self._scale if not self.tie_embeddings else self.embedding_bytes
+        return int(row + head + self.hidden * self.dtype_bytes)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Total weights: the index's total_size when known, else the estimate."""
+        if self.index_total_bytes:
+            return self.index_total_bytes
+        return int(sum(c.total for c in self.estimated_layers) + self._est_outside)
+
+    @property
+    def active_bytes_per_token(self) -> int:
+        """Weights read to decode one token (MoE: only the routed and shared experts)."""
+        return int(sum(c.active for c in self.layer_costs()) + self.outside_layers_active_bytes)
+
+    @property
+    def kv_bytes_per_token_per_layer(self) -> int:
+        if self.is_mla:  # MLA caches the compressed latent and the rope key only
+            return (self.kv_lora_rank or 0) * KV_CACHE_DTYPE_BYTES + (
+                self.qk_rope_head_dim * KV_CACHE_DTYPE_BYTES
+            )
+        return 2 * self.kv_heads * self.head_dim * KV_CACHE_DTYPE_BYTES
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_bytes_per_token_per_layer * self.layers
+
+    def weight_bytes_at(self, bits: int) -> int:
+        """Rough total if the model were quantized to `bits` instead (for fix suggestions)."""
+        return int(self.weight_bytes * self.param_bytes(bits) / self.param_bytes(self.bits))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "model_type": self.model_type,
+            "layers": self.layers,
+            "quantization": self.quant_label,
+            "weight_bytes": self.weight_bytes,
+            "active_bytes_per_token": self.active_bytes_per_token,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "moe": self.is_moe,
+            "mla": self.is_mla,
+        }
+
+
+def _int(config: Mapping[str, Any], source: str, *keys: str, default: int | None = None) -> int:
+    """The first of `keys` present, as a positive int; InputError naming the file and key."""
+    for key in keys:
+        if key in config and config[key] is not None:
+            value = config[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InputError(f"{source}: {key}: must be a positive integer, got {value!r}")
+            return value
+    if default is None:
+        raise InputError(f"{source}: {keys[0]}: missing (is this a model's config.json?)")
+    return default
+
+
+def _quantization(config: Mapping[str, Any], source: str) -> tuple[int, int | None, str]:
+    quant = config.get("quantization")
+    key = "quantization"
+    if quant is None:
+        qc = config.get("quantization_config")
+        if isinstance(qc, Mapping) and "bits" in qc:
+            quant, key = qc, "quantization_config"
+    if quant is None:
+        return 16, None, "affine"
+    if not isinstance(quant, Mapping):
+        raise InputError(f"{source}: {key}: must be a mapping with bits and group_size")
+    bits = _int(quant, f"{source}: {key}", "bits")
+    group = _int(quant, f"{source}: {key}", "group_size", default=64)
+    mode = quant.get("mode", "affine")
+    return bits, group, mode if isinstance(mode, str) else "affine"
+
+
+def _sparse_layers(
+    config: Mapping[str, Any], source: str, layers: int, experts: int
+) -> tuple[int, ...]:
+    if experts == 0:
+        return ()
+    if "first_k_dense_replace" in config or "moe_layer_freq" in config:  # DeepSeek style
+        first = config.get("first_k_dense_replace") or 0
+        freq = config.get("moe_layer_freq") or 1
+        return tuple(i for i in range(layers) if i >= first and i % freq == 0)
+    step = config.get("decoder_sparse_step") or 1  # Qwen MoE style
+    dense_only = config.get("mlp_only_layers") or []
+    if not isinstance(dense_only, list):
+        raise InputError(f"{source}: mlp_only_layers: must be a list of layer numbers")
+    return tuple(i for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+
+
+def spec_from_config(
+    config: Mapping[str, Any], index: Mapping[str, Any] | None = None, source: str = "config.json"
+) -> ModelSpec:
+    """Read a config.json dict (+ safetensors index dict); InputError on anything malformed."""
+    if not isinstance(config, Mapping):
+        raise InputError(f"{source}: must be a JSON object")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise InputError(f"{source}: model_type: missing (is this a model's config.json?)")
+    layers = _int(config, source, "num_hidden_layers", "n_layer", "num_layers")
+    hidden = _int(config, source, "hidden_size", "n_embd", "d_model")
+    heads = _int(config, source, "num_attention_heads", "n_head")
+    kv_heads = _int(config, source, "num_key_value_heads", default=heads)
+    if heads % kv_heads:
+        raise InputError(f"{source}: num_key_value_heads: {kv_heads} does not divide {heads} heads")
+    experts = _int(
+        config, source, "num_experts", "n_routed_experts", "num_local_experts", default=0
+    )
+    bits, group, mode = _quantization(config, source)
+    dtype = config.get("torch_dtype", config.get("dtype"))
+    tie = config.get("tie_word_embeddings", True)  # mlx-lm's default for llama/qwen2
+    moe_inter = _int(config, source, "moe_intermediate_size", default=0)
+    shared = _int(config, source, "n_shared_experts", default=0)
+    spec = ModelSpec(
+        source=source,
+        model_type=model_type,
+        layers=layers,
+        hidden=hidden,
+        intermediate=_int(config, source, "intermediate_size", "ffn_dim", default=0),
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=_int(config, source, "head_dim", default=hidden // heads),
+        vocab=_int(config, source, "vocab_size"),
+        tie_embeddings=bool(tie),
+        dtype_bytes=4 if dtype == "float32" else 2,
+        bits=bits,
+        group_size=group,
+        quant_mode=mode,
+        experts=experts,
+        experts_per_token=_int(
+            config,
+            source,
+            "num_experts_per_tok",
+            "num_experts_per_token",
+            default=1 if experts else 0,
+        ),
+        moe_intermediate=moe_inter,
+        shared_intermediate=moe_inter * shared
+        or _int(config, source, "shared_expert_intermediate_size", default=0),
+        sparse_layers=_sparse_layers(config, source, layers, experts),
+        kv_lora_rank=_int(config, source, "kv_lora_rank", default=0) or None,
+        q_lora_rank=_int(config, source, "q_lora_rank", default=0) or None,
+        qk_rope_head_dim=_int(config, source, "qk_rope_head_dim", default=0),
+        qk_nope_head_dim=_int(config, source, "qk_nope_head_dim", default=0),
+        v_head_dim=_int(config, source, "v_head_dim", default=0),
+        index_total_bytes=_index_total(index, source),
+    )
+    if spec.is_moe and not (spec.moe_intermediate or spec.intermediate):
+        raise InputError(f"{source}: moe_intermediate_size: missing for a mixture-of-experts model")
+    return spec
+
+
+def _index_total(index: Mapping[str, Any] | None, source: str) -> int | None:
+    if index is None:
+        return None
+    meta = index.get("metadata") if isinstance(index, Mapping) else None
+    total = meta.get("total_size") if isinstance(meta, Mapping) else None
+    if total is None:
+        return None
+    if isinstance(total, bool) or not isinstance(total, int | float) or total <= 0:
+        where = source.replace("config.json", "model.safetensors.index.json")
+        raise InputError(f"{where}: metadata.total_size: must be a positive number, got {total!r}")
+    return int(total)

@@ -1,0 +1,1 @@
+"""From checked hosts and a model to a plan: strategy, shards, memory, speed, hostfiles."""

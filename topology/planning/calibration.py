@@ -1,0 +1,132 @@
+"""Measured numbers that replace the planner's published constants (bench --calibrate).
+
+Two kinds: an all-reduce measured at a small (decode-sized) and a large message size on one
+backend, which pins down that backend's per-hop latency and link bandwidth in BackendCost's
+model; and each host's memory bandwidth, timed as a large array reduction in MLX. Pure: the
+launcher reads/writes the JSON file (launcher/planning/calibration_store.py) and passes a
+Calibration in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from topology.chips import BackendCost
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """All-reduce times over `ranks` ranks on the backend the planner calls `cost_name`."""
+
+    cost_name: str  # a key of topology.chips.BACKENDS: ring-local for --local N
+    ranks: int
+    small_bytes: int
+    small_s: float
+    large_bytes: int
+    large_s: float
+
+    def fit(self, base: BackendCost) -> BackendCost:
+        """base with hop_s and link_bytes_per_s solved from the two measured points.
+
+        BackendCost models an all-reduce as steps·hop + wire·size/bandwidth, with steps = 2 and
+        wire = 1 for a mesh, steps = 2(n-1) and wire = steps/n for a ring algorithm.
+        """
+        n = max(self.ranks, 2)
+        steps = 2 if base.mesh else 2 * (n - 1)
+        wire = 1.0 if base.mesh else steps / n
+        extra_bytes = self.large_bytes - self.small_bytes
+        extra_s = self.large_s - self.small_s
+        bandwidth = base.link_bytes_per_s
+        if extra_bytes > 0 and extra_s > 0:
+            bandwidth = wire * extra_bytes / extra_s
+        hop = max(0.0, (self.small_s - wire * self.small_bytes / bandwidth) / steps)
+        return replace(base, hop_s=hop, link_bytes_per_s=bandwidth)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cost_name": self.cost_name,
+            "ranks": self.ranks,
+            "small_bytes": self.small_bytes,
+            "small_s": self.small_s,
+            "large_bytes": self.large_bytes,
+            "large_s": self.large_s,
+        }
+
+
+@dataclass(frozen=True)
+class Calibration:
+    links: tuple[LinkMeasurement, ...] = ()
+    host_bandwidth_gbs: tuple[tuple[str, float], ...] = ()  # (host name, measured GB/s)
+
+    def cost(self, name: str, base: BackendCost) -> BackendCost:
+        """The backend's cost fitted to its measurement, or base when it was not measured."""
+        link = next((k for k in self.links if k.cost_name == name), None)
+        return base if link is None else link.fit(base)
+
+    def bandwidth(self, host: str) -> float | None:
+        return dict(self.host_bandwidth_gbs).get(host)
+
+    def merged(self, newer: Calibration) -> Calibration:
+        """This calibration with every backend and host that `newer` measured replaced."""
+        links = {k.cost_name: k for k in self.links} | {k.cost_name: k for k in newer.links}
+        hosts = dict(self.host_bandwidth_gbs) | dict(newer.host_bandwidth_gbs)
+        return Calibration(tuple(links.values()), tuple(sorted(hosts.items())))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "links": [k.to_json() for k in self.links],
+            "host_bandwidth_gbs": dict(self.host_bandwidth_gbs),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
+        """Read back to_json's output; KeyError/TypeError/ValueError on anything else."""
+        links = tuple(
+            LinkMeasurement(
+                cost_name=str(k["cost_name"]),
+                ranks=int(k["ranks"]),
+                small_bytes=int(k["small_bytes"]),
+                small_s=float(k["small_s"]),
+                large_bytes=int(k["large_bytes"]),
+                large_s=float(k["large_s"]),
+            )
+            for k in raw["links"]
+        )
+        hosts = raw["host_bandwidth_gbs"]
+        if not isinstance(hosts, Mapping):
+            raise TypeError("host_bandwidth_gbs must be an object of host: GB/s")
+        bandwidths = tuple(sorted((str(h), float(v)) for h, v in hosts.items()))
+        if any(v <= 0 for _, v in bandwidths) or any(k.ranks < 2 for k in links):
+            raise ValueError("bandwidths must be positive and links measured over 2+ ranks")
+        return cls(links, bandwidths)
+
+
+def calibrated_cost(name: str, base: BackendCost, calibration: Calibration | None) -> BackendCost:
+    return base if calibration is None else calibration.cost(name, base)
+
+
+def calibrated_bandwidth(host: str, calibration: Calibration | None) -> float | None:
+    return None if calibration is None else calibration.bandwidth(host)
+
+
+def calibration_notes(
+    calibration: Calibration | None, hosts: list[str], cost_name: str
+) -> list[str]:
+    """What a plan took from the calibration, for its assumptions list."""
+    if calibration is None:
+        return []
+    notes = [
+        f"memory bandwidth of {h}: {gbs:.1f} GB/s as measured by `mlx-cluster bench --calibrate`"
+        for h in dict.fromkeys(hosts)
+        if (gbs := calibration.bandwidth(h)) is not None
+    ]
+    link = next((k for k in calibration.links if k.cost_name == cost_name), None)
+    if link is not None and len(hosts) > 1:
+        notes.append(
+            f"{cost_name} all-reduce cost fitted to a measurement over {link.ranks} ranks "
+            f"({link.small_s * 1e6:.0f} µs at {link.small_bytes} B, "
+            f"{link.large_s * 1e3:.1f} ms at {link.large_bytes / 2**20:.0f} MiB)"
+        )
+    return notes

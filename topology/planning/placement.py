@@ -1,0 +1,163 @@
+"""Where the weights go: what tensor parallel requires of the shapes, how pipeline splits layers,
+and how much memory each rank needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from topology.chips import GIB
+from topology.model.spec import ModelSpec
+
+# Beyond weights and KV cache: prefill runs in 2048-token steps and the Metal allocator keeps a
+# cache, so leave 1 GiB + 2% of the weights. A margin chosen here, not a measurement.
+HEADROOM_BYTES = GIB
+HEADROOM_FRACTION = 0.02
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One rank's place: a host (or a share of this machine for --local N)."""
+
+    host: str
+    ssh: str
+    usable_bytes: int | None  # GPU-usable memory for this rank
+    memory_bytes: int | None  # the machine's memory (for wired-limit suggestions)
+    bandwidth_gbs: float
+    ip: str | None = None
+    # False for a non-Mac whose memory the probe cannot read: planned without a memory check.
+    memory_checked: bool = True
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    layers: tuple[int, int]  # [start, end): the layers this rank runs
+    weight_bytes: int
+    kv_cache_bytes: int
+
+    @property
+    def needed_bytes(self) -> int:
+        return int(
+            self.weight_bytes * (1 + HEADROOM_FRACTION) + HEADROOM_BYTES + self.kv_cache_bytes
+        )
+
+
+def _expert_width(spec: ModelSpec) -> int:
+    return spec.moe_intermediate or spec.intermediate
+
+
+def tensor_blockers(spec: ModelSpec, n: int) -> list[str]:
+    """Every shape rule tensor parallel over n ranks breaks, as 'what it would need' phrases.
+
+    mlx-lm's shard() splits heads, KV heads (except MLA, whose latent is not split), the MLP
+    width and each expert's width; quantized layers split along their input (o_proj, down_proj)
+    also need width / n to be a multiple of the quantization group size. Hidden size and expert
+    count are not split by mlx-lm, so they set no rule.
+    """
+    if n <= 1:
+        return []
+    heads: list[tuple[int, str]] = [(spec.heads, "attention heads")]
+    if not spec.is_mla:
+        heads.append((spec.kv_heads, "KV heads"))
+    widths: list[tuple[int, str]] = []  # split along the input of a down projection
+    if spec.intermediate and len(spec.sparse_layers) < spec.layers:
+        widths.append((spec.intermediate, "MLP width (intermediate_size)"))
+    if spec.is_moe:
+        widths.append((_expert_width(spec), "expert width (moe_intermediate_size)"))
+        if spec.shared_intermediate:
+            widths.append((spec.shared_intermediate, "shared-expert width"))
+    out = [f"{v} {what} % {n} == 0" for v, what in heads + widths if v % n]
+    if spec.bits < 16 and spec.group_size:
+        gs = spec.group_size
+        o_width = spec.heads * (spec.v_head_dim if spec.is_mla else spec.head_dim)
+        for v, what in [(o_width, "attention output width"), *widths]:
+            if v % n == 0 and (v // n) % gs:
+                out.append(f"{what} {v} / {n} = {v // n} to be a multiple of group size {gs}")
+    return out
+
+
+def tensor_sizes(spec: ModelSpec, up_to: int) -> list[int]:
+    """Rank counts from 2 to up_to that tensor parallel accepts for this model."""
+    return [n for n in range(2, up_to + 1) if not tensor_blockers(spec, n)]
+
+
+def tensor_loads(spec: ModelSpec, n: int, context: int) -> list[RankLoad]:
+    weights = sum(c.per_rank(n) for c in spec.layer_costs()) + spec.outside_layers_bytes
+    kv = spec.kv_bytes_per_token * context
+    kv_rank = kv if spec.is_mla else kv // n
+    return [RankLoad((0, spec.layers), int(weights), int(kv_rank)) for _ in range(n)]
+
+
+def pipeline_loads(spec: ModelSpec, split: Sequence[int], context: int) -> list[RankLoad]:
+    """Loads for a split in rank order (rank 0 = the LAST layers, as mlx-lm orders them)."""
+    costs = spec.layer_costs()
+    loads = []
+    for r, count in enumerate(split):
+        start = sum(split[r + 1 :])
+        end = start + count
+        weights = sum(c.total for c in costs[start:end]) + spec.outside_layers_bytes
+        kv = spec.kv_bytes_per_token_per_layer * count * context
+        loads.append(RankLoad((start, end), int(weights), int(kv)))
+    return loads
+
+
+def _greedy(costs: list[float], caps: list[float]) -> list[int] | None:
+    """Fill stages in layer order with as many layers as fit, leaving one for each later stage."""
+    counts, i, n = [], 0, len(caps)
+    for k, cap in enumerate(caps):
+        last = k == n - 1
+        take, used = 0, 0.0
+        while i + take < len(costs) - (n - 1 - k) and (last or used + costs[i + take] <= cap):
+            used += costs[i + take]
+            take += 1
+        if take == 0:
+            return None
+        counts.append(take)
+        i += take
+    return counts
+
+
+def split_layers(spec: ModelSpec, slots: Sequence[Slot], context: int) -> list[int]:
+    """Layers per rank in rank order, in proportion to each rank's free memory.
+
+    Stages run in layer order from the last rank to rank 0. Every rank gets at least one layer.
+    When rounding to whole layers overfills a rank, a greedy fill is tried instead.
+    """
+    n, total_layers = len(slots), spec.layers
+    kv_layer = spec.kv_bytes_per_token_per_layer * context
+    costs = [c.total * (1 + HEADROOM_FRACTION) + kv_layer for c in spec.layer_costs()]
+    fixed = spec.outside_layers_bytes * (1 + HEADROOM_FRACTION) + HEADROOM_BYTES
+    known = [s.usable_bytes - fixed for s in slots if s.usable_bytes is not None]
+    guess = sum(known) / len(known) if known else 1.0  # unknown memory: like the others
+    caps = [
+        max(1.0, s.usable_bytes - fixed if s.usable_bytes is not None else guess)
+        for s in reversed(slots)  # layer order
+    ]
+    counts, start, done_cost = [], 0, 0.0
+    for k in range(n):
+        target = sum(costs) * sum(caps[: k + 1]) / sum(caps)
+        end = start
+        while end < total_layers and done_cost + costs[end] / 2 < target:
+            done_cost += costs[end]
+            end += 1
+        end = min(max(end, start + 1), total_layers - (n - 1 - k))
+        if k == n - 1:
+            end = total_layers
+        done_cost = sum(costs[:end])
+        counts.append(end - start)
+        start = end
+    if not _fits(counts, costs, caps):
+        greedy = _greedy(costs, caps)
+        if greedy and _fits(greedy, costs, caps):  # else keep the proportional split to report
+            counts = greedy
+    return list(reversed(counts))
+
+
+def _fits(counts: list[int], costs: list[float], caps: list[float]) -> bool:
+    start = 0
+    for count, cap in zip(counts, caps, strict=True):
+        if sum(costs[start : start + count]) > cap:
+            return False
+        start += count
+    return True

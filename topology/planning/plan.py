@@ -1,0 +1,296 @@
+"""The placement plan: which rank runs which layers where, over which backend, how fast.
+
+Pure functions of a CheckResult (or this machine's facts for --local N) and a ModelSpec.
+`auto` evaluates tensor and pipeline and keeps the fastest valid one by the prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from topology.addresses import rank_addresses
+from topology.chips import BACKENDS, host_bandwidth_gbs, usable_memory_bytes
+from topology.facts import CheckResult, HostFacts, Problem
+from topology.links import LinkGraph, find_ring
+from topology.model.spec import ModelSpec
+from topology.planning.calibration import (
+    Calibration,
+    calibrated_bandwidth,
+    calibrated_cost,
+    calibration_notes,
+)
+from topology.planning.hostfile import RDMA_BACKENDS, missing_devices, rdma_matrix
+from topology.planning.options import Option, pipeline_option, tensor_option
+from topology.planning.placement import Slot
+from topology.planning.predict import tok_s
+from topology.planning.types import DEFAULT_CONTEXT, Plan, RankPlan
+
+__all__ = ["DEFAULT_CONTEXT", "Plan", "RankPlan", "model_problems", "plan_cluster", "plan_local"]
+STRATEGIES = ("auto", "tensor", "pipeline")
+ASSUMED_BANDWIDTH_GBS = 100.0  # only for chips not in topology/chips.py: ranks stay comparable
+LOCAL_IP = "127.0.0.1"  # mlx.launch runs a host named 127.0.0.1 locally, without ssh
+
+
+def _choose(options: Sequence[Option], strategy: str, n: int) -> tuple[Option | None, str]:
+    """The option to use and the one-sentence reason."""
+    valid = sorted((o for o in options if o.valid), key=lambda o: o.seconds or 0.0)
+    if strategy != "auto":
+        asked = next(o for o in options if o.strategy == strategy)
+        if asked.valid:
+            return asked, f"{strategy} over {n} as requested: {asked.tok_s:.1f} tok/s predicted"
+        return None, f"no valid plan: {asked.blocker}"
+    if not valid:
+        return None, "no valid plan: " + "; ".join(o.blocker for o in options)
+    best = valid[0]
+    if n == 1:
+        return best, f"one rank holds the whole model: {best.tok_s:.1f} tok/s predicted"
+    if len(valid) == 1:
+        other = next(o for o in options if o is not best)
+        return best, f"{other.blocker}; {best.strategy} over {n} instead"
+    slower = valid[1]
+    return best, (
+        f"{best.strategy} over {n} is fastest: {best.tok_s:.1f} tok/s predicted "
+        f"vs {slower.tok_s:.1f} for {slower.strategy}"
+    )
+
+
+def _assumptions(
+    hosts: Sequence[HostFacts], calibration: Calibration | None = None, cost_name: str = ""
+) -> list[str]:
+    unchecked = [
+        f"the memory of {h.name} (not a Mac) is unknown: not checked (set wired_limit_gb for it "
+        "in the cluster file to have it checked)"
+        for h in hosts
+        if not h.is_mac and usable_memory_bytes(h) is None
+    ]
+    unchecked += calibration_notes(calibration, [h.name for h in hosts], cost_name)
+    return unchecked + [
+        f"memory bandwidth of {h.name} ({h.chip or 'chip unknown'}) is not in the chip table: "
+        f"assumed {ASSUMED_BANDWIDTH_GBS:.0f} GB/s (set bandwidth_gbs for it in the cluster file)"
+        for h in hosts
+        if host_bandwidth_gbs(h) is None and calibrated_bandwidth(h.name, calibration) is None
+    ]
+
+
+def _as_warnings(problems: Sequence[Problem]) -> list[Problem]:
+    return [replace(p, severity="warning") for p in problems]
+
+
+def _plan(
+    spec: ModelSpec,
+    slots: Sequence[Slot],
+    strategy: str,
+    backend: str | None,
+    cost_name: str,
+    context: int,
+    base: Sequence[Problem],
+    calibration: Calibration | None = None,
+    **extra: Any,
+) -> Plan:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    n, cost = len(slots), calibrated_cost(cost_name, BACKENDS[cost_name], calibration)
+    options = [
+        tensor_option(spec, slots, cost, context),
+        pipeline_option(spec, slots, cost, context),
+    ]
+    if n == 1:  # one rank: nothing is split, the strategies are the same
+        options = [replace(options[0], strategy="tensor" if strategy == "auto" else strategy)]
+    chosen, reason = _choose(options, strategy, n)
+    problems = list(base)
+    for o in options:
+        if o is chosen or o.strategy == strategy or chosen is None:
+            problems += o.problems
+        else:
+            problems += _as_warnings(o.problems)
+    blocked = backend is None or any(p.severity == "error" for p in problems)
+    if chosen is None or blocked:
+        first = next((p for p in problems if p.severity == "error"), None)
+        if chosen is not None:
+            reason = f"no valid plan: {first.message if first else 'no backend works'}"
+        return Plan(
+            strategy,  # "auto" when nothing was chosen
+            backend, spec.source, (), None, reason, tuple(problems), context,
+            model_info=spec.summary(), **extra,
+        )  # fmt: skip
+    ranks = tuple(
+        RankPlan(
+            rank=r,
+            host=s.host,
+            layers=load.layers,
+            ip=s.ip,
+            memory_needed_bytes=load.needed_bytes,
+            memory_usable_bytes=s.usable_bytes,
+            ssh=s.ssh,
+            weight_bytes=load.weight_bytes,
+            kv_cache_bytes=load.kv_cache_bytes,
+            bandwidth_gbs=round(s.bandwidth_gbs, 1),
+        )
+        for r, (s, load) in enumerate(zip(slots, chosen.loads, strict=True))
+    )
+    return Plan(
+        chosen.strategy, backend, spec.source, ranks, chosen.tok_s, reason, tuple(problems),
+        context, roofline_decode_tok_s=tok_s(chosen.roofline_s or 0.0),
+        model_info=spec.summary(), **extra,
+    )  # fmt: skip
+
+
+def _ordered(check: CheckResult, backend: str | None) -> list[HostFacts]:
+    """Rank order: the hosts' order, or a cabled ring through them for ring backends."""
+    hosts = list(check.hosts)
+    if backend in ("ring", "jaccl-ring") and len(hosts) > 2:
+        names = [h.name for h in hosts]
+        ring = find_ring(LinkGraph(tuple(names), check.links), names, rdma=backend == "jaccl-ring")
+        if ring:
+            by_name = {h.name: h for h in hosts}
+            hosts = [by_name[name] for name in ring]
+    return hosts
+
+
+def _address_problems(
+    hosts: Sequence[HostFacts], ips: Sequence[str | None], backend: str
+) -> list[Problem]:
+    need = range(len(hosts)) if backend == "ring" else range(min(1, len(hosts)))
+    what = (
+        "its address on the cable to its ring neighbour"
+        if backend == "ring"
+        else ("a LAN address every other host can reach (the jaccl coordinator)")
+    )
+    return [
+        Problem(
+            "no_rank_address", "error", (hosts[i].name,),
+            f"rank {i} ({hosts[i].name}) needs {what}, and none is known",
+            f"Add `ips: [<address>]` for {hosts[i].name} in the cluster file "
+            "(or a host.yaml in its snapshot directory).",
+        )
+        for i in need
+        if len(hosts) > 1 and ips[i] is None
+    ]  # fmt: skip
+
+
+def _device_problems(hosts: Sequence[HostFacts], check: CheckResult, backend: str) -> list[Problem]:
+    """Pairs needing an rdma_enX none is known for (mlx.launch would refuse the hostfile)."""
+    names = [h.name for h in hosts]
+    ring = backend == "jaccl-ring"
+    pairs = missing_devices(names, rdma_matrix(names, check.links, ring), ring)
+    missing = list(dict.fromkeys(tuple(sorted(pair)) for pair in pairs))
+    return [
+        Problem(
+            "no_rdma_device", "error", (a, b),
+            f"{backend} needs an RDMA device from {a} to {b} and none is known",
+            "Run `mlx-cluster topology check` and fix the cabling/RDMA problems it lists, "
+            "or use `--backend ring`.",
+        )
+        for a, b in missing
+        if len(names) > 1
+    ]  # fmt: skip
+
+
+def _slots(
+    hosts: Sequence[HostFacts], ips: Sequence[str | None], calibration: Calibration | None = None
+) -> list[Slot]:
+    return [
+        Slot(
+            host=h.name,
+            ssh=h.ssh or h.name,
+            usable_bytes=usable_memory_bytes(h),
+            memory_bytes=h.memory_bytes,
+            bandwidth_gbs=calibrated_bandwidth(h.name, calibration)
+            or host_bandwidth_gbs(h)
+            or ASSUMED_BANDWIDTH_GBS,
+            ip=ip,
+            memory_checked=h.is_mac,
+        )
+        for h, ip in zip(hosts, ips, strict=True)
+    ]
+
+
+def plan_cluster(
+    check: CheckResult,
+    spec: ModelSpec,
+    *,
+    strategy: str = "auto",
+    backend: str | None = None,
+    context: int = DEFAULT_CONTEXT,
+    calibration: Calibration | None = None,  # measured numbers (bench --calibrate)
+) -> Plan:
+    """Plan over the checked hosts. backend None/"auto": the best one the check found."""
+    chosen: str | None
+    if backend in (None, "auto"):
+        chosen = check.backend if len(check.hosts) > 1 else check.backend or "ring"
+        # Errors of an auto check block jaccl; with a slower backend they are only warnings.
+        base = list(check.problems) if chosen is None else _as_warnings(check.problems)
+    else:
+        chosen, base = backend, list(check.problems)
+    hosts = _ordered(check, chosen)
+    ips = rank_addresses(hosts, check.links, chosen or "ring")
+    if chosen is not None:
+        base += _address_problems(hosts, ips, chosen)
+    if chosen in RDMA_BACKENDS and not any(p.severity == "error" for p in base):
+        base += _device_problems(hosts, check, chosen)
+    return _plan(
+        spec, _slots(hosts, ips, calibration), strategy, chosen, chosen or "ring", context, base,
+        calibration, assumptions=tuple(_assumptions(hosts, calibration, chosen or "ring")),
+    )  # fmt: skip
+
+
+def plan_local(
+    host: HostFacts,
+    n: int,
+    spec: ModelSpec,
+    *,
+    strategy: str = "auto",
+    context: int = DEFAULT_CONTEXT,
+    calibration: Calibration | None = None,  # measured numbers (bench --calibrate)
+) -> Plan:
+    """N ranks on this machine over the ring backend on 127.0.0.1, sharing memory and bandwidth."""
+    if n < 1:
+        raise ValueError("--local needs at least 1 rank")
+    usable = usable_memory_bytes(host)
+    measured = calibrated_bandwidth(host.name, calibration)
+    bandwidth = measured or host_bandwidth_gbs(host) or ASSUMED_BANDWIDTH_GBS
+    slot = Slot(
+        "localhost",
+        LOCAL_IP,
+        usable // n if usable else None,
+        host.memory_bytes,
+        bandwidth / n,
+        LOCAL_IP,
+    )
+    notes = [
+        f"{n} ranks share this machine's memory and memory bandwidth",
+        *_assumptions([host], calibration, "ring-local"),
+    ]
+    return _plan(
+        spec, [slot] * n, strategy, "ring", "ring-local", context, [], calibration,
+        local=True, assumptions=tuple(notes),
+    )  # fmt: skip
+
+
+def model_problems(
+    check: CheckResult, spec: ModelSpec, context: int, n: int | None = None, strategy: str = "auto"
+) -> list[Problem]:
+    """What the model means for this cluster (for `topology check --model`): model_does_not_fit,
+    tp_not_divisible, ...; a tensor-only problem is a warning when pipeline would work."""
+    hosts = list(check.hosts[:n] if n else check.hosts)
+    slots = _slots(hosts, [None] * len(hosts))
+    cost = BACKENDS[check.backend or "ring"]
+    t = tensor_option(spec, slots, cost, context)
+    p = pipeline_option(spec, slots, cost, context)
+    if strategy == "tensor" or (strategy == "auto" and len(hosts) == 1):
+        return list(t.problems)
+    if strategy == "pipeline":
+        return list(p.problems)
+    if t.valid:
+        return []
+    if p.valid:
+        return _as_warnings(t.problems)
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for prob in [*t.problems, *p.problems]:
+        if (prob.code, prob.message) not in seen:
+            seen.add((prob.code, prob.message))
+            out.append(prob)
+    return out

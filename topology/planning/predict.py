@@ -1,0 +1,72 @@
+"""Decode speed from first principles: bytes each rank reads per token over its bandwidth,
+plus the collectives the strategy needs. Never above the memory-bandwidth roofline.
+
+tensor:   t = max over ranks(bytes read / bandwidth) + 2 all-reduces per layer + step overhead
+pipeline: t = sum over stages(bytes read / bandwidth) + the LM head (every rank computes it)
+              + one hand-off per stage boundary + the final all_gather + step overhead
+The share of bandwidth decoding reaches and the step overhead are fitted to published figures
+(topology/chips.py, scripts/calibrate_prediction.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from topology.chips import DECODE_BANDWIDTH_EFFICIENCY, BackendCost, step_overhead_s
+from topology.model.spec import KV_CACHE_DTYPE_BYTES, ModelSpec
+
+
+def _message_bytes(spec: ModelSpec) -> int:
+    """One token's hidden state: what each all-reduce / hand-off carries during decode."""
+    return spec.hidden * KV_CACHE_DTYPE_BYTES
+
+
+def tensor_rank_read_bytes(spec: ModelSpec, n: int, context: int) -> float:
+    """Bytes one of n tensor-parallel ranks reads per token (weights + its KV cache share)."""
+    weights = sum(c.active_per_rank(n) for c in spec.layer_costs())
+    kv = spec.kv_bytes_per_token * context
+    kv_share = kv if spec.is_mla else kv / n  # MLA's latent cache is not split by heads
+    return weights + spec.outside_layers_active_bytes + kv_share
+
+
+def stage_read_bytes(spec: ModelSpec, layers: tuple[int, int], context: int) -> float:
+    """Bytes a pipeline stage reads per token for its layers [start, end) (head excluded)."""
+    start, end = layers
+    weights = sum(c.active for c in spec.layer_costs()[start:end])
+    return weights + spec.kv_bytes_per_token_per_layer * (end - start) * context
+
+
+def tensor_seconds(
+    spec: ModelSpec, bandwidths_gbs: Sequence[float], cost: BackendCost, context: int
+) -> tuple[float, float]:
+    """(predicted, roofline) seconds per token for tensor parallel over len(bandwidths) ranks."""
+    n = len(bandwidths_gbs)
+    read = tensor_rank_read_bytes(spec, n, context)
+    roofline = max(read / (bw * 1e9) for bw in bandwidths_gbs)
+    comms = 2 * spec.layers * cost.all_reduce_s(n, _message_bytes(spec)) + step_overhead_s(n)
+    return roofline / DECODE_BANDWIDTH_EFFICIENCY + comms, roofline
+
+
+def pipeline_seconds(
+    spec: ModelSpec,
+    stages: Sequence[tuple[int, int]],
+    bandwidths_gbs: Sequence[float],
+    cost: BackendCost,
+    context: int,
+) -> tuple[float, float]:
+    """(predicted, roofline) seconds per token; stages[r] = rank r's layers [start, end)."""
+    n = len(stages)
+    head = spec.outside_layers_active_bytes
+    roofline = sum(
+        stage_read_bytes(spec, s, context) / (bw * 1e9)
+        for s, bw in zip(stages, bandwidths_gbs, strict=True)
+    ) + max(head / (bw * 1e9) for bw in bandwidths_gbs)
+    comms = 0.0
+    if n > 1:
+        msg = _message_bytes(spec)
+        comms = (n - 1) * cost.hand_off_s(msg) + cost.all_reduce_s(n, msg) + step_overhead_s(n)
+    return roofline / DECODE_BANDWIDTH_EFFICIENCY + comms, roofline
+
+
+def tok_s(seconds: float) -> float:
+    return round(1.0 / seconds, 2) if seconds > 0 else 0.0

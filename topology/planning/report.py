@@ -1,0 +1,69 @@
+"""The readable `mlx-cluster plan` output: strategy, per-rank table, prediction, problems."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from topology.planning.options import gib
+from topology.planning.plan import Plan, RankPlan
+
+
+def _layers(plan: Plan, r: RankPlan) -> str:
+    start, end = r.layers
+    if plan.strategy == "tensor" and plan.world_size > 1:
+        return f"all {end - start} (1/{plan.world_size} of each)"
+    return f"{start}-{end - 1} ({end - start})"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def plan_text(plan: Plan) -> str:
+    info = plan.model_info
+    lines = []
+    if plan.ok:
+        where = "this machine" if plan.local else f"{plan.world_size} host(s)"
+        lines.append(
+            f"Plan: {plan.strategy} parallel, {plan.world_size} rank(s) on {where}, "
+            f"backend {plan.backend}"
+        )
+    else:
+        lines.append("No valid plan.")
+    if info:
+        lines.append(
+            f"Model: {plan.model} ({info.get('model_type')}, {info.get('layers')} layers, "
+            f"{info.get('quantization')}, {gib(float(info.get('weight_bytes', 0)))} of weights, "
+            f"{gib(float(info.get('active_bytes_per_token', 0)))} read per token), "
+            f"context {plan.context} tokens"
+        )
+    if plan.predicted_decode_tok_s is not None:
+        roof = plan.roofline_decode_tok_s
+        extra = f" (memory-bandwidth roofline {roof:.1f} tok/s)" if roof else ""
+        lines.append(f"Predicted decode: {plan.predicted_decode_tok_s:.1f} tok/s{extra}")
+    lines.append(f"Why: {plan.reason}")
+    if plan.ranks:
+        rows = [["rank", "host", "address", "layers", "weights", "KV cache", "needed", "usable"]]
+        rows += [
+            [
+                str(r.rank), r.host, r.ip or "-", _layers(plan, r), gib(r.weight_bytes),
+                gib(r.kv_cache_bytes), gib(r.memory_needed_bytes),
+                gib(r.memory_usable_bytes) if r.memory_usable_bytes is not None else "?",
+            ]
+            for r in plan.ranks
+        ]  # fmt: skip
+        lines += ["", *_table(rows)]
+        if plan.strategy == "pipeline":
+            lines.append("  (rank 0 runs the last layers, as mlx-lm's pipeline orders them)")
+    if plan.problems:
+        lines += ["", "Problems:"]
+        for p in plan.problems:
+            lines.append(f"  {p.severity} {p.code}: {p.message}")
+            lines.append(f"    fix: {p.fix}")
+    if plan.assumptions:
+        lines += ["", "Assumptions:"] + [f"  - {a}" for a in plan.assumptions]
+    return "\n".join(lines) + "\n"
