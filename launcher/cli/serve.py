@@ -8,6 +8,7 @@ run in serve mode (cluster/serve/loop.py). One line on stdout once the model is 
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
@@ -25,9 +26,11 @@ from launcher.ranks.supervisor import EXIT_RANK_FAILED, interrupt_flag
 from launcher.ranks.target import PlanRefused, model_for_ranks
 from launcher.serve.cluster import ServeCluster
 from launcher.serve.failover import ServeSource, describe
-from launcher.serve.http import ServeServer
-from launcher.serve.runner import RankRunner
+from launcher.serve.http import HttpServer, ServeApp
+from launcher.serve.metrics import ServeMetrics
+from launcher.serve.runner import RankRunner, ServeLimits
 from launcher.serve.tickets import Tickets
+from topology.chips import GIB
 from topology.errors import InputError
 
 RANK_TIMEOUT_S = 6.0  # lower than launch's: a lost rank must fail its request within 10 s
@@ -38,11 +41,23 @@ def _log(message: str) -> None:
     click.echo(f"mlx-cluster: {message}", err=True)
 
 
-def _check(port: int, max_concurrency: int) -> None:
+def _check(
+    port: int, max_concurrency: int, max_queue: int, prefix_cache_gb: float | None
+) -> int | None:
+    """Refuse bad numbers; the prefix cache budget in bytes (None: from the plan)."""
     if not 0 <= port <= 65535:
         raise InputError(f"--port must be 0-65535 (0: any free port), got {port}")
     if max_concurrency < 1:
         raise InputError(f"--max-concurrency must be at least 1, got {max_concurrency}")
+    if max_queue < 0:
+        raise InputError(f"--max-queue must be 0 or more (0: no waiting), got {max_queue}")
+    if prefix_cache_gb is None:
+        return None
+    if not math.isfinite(prefix_cache_gb) or prefix_cache_gb < 0:
+        raise InputError(
+            f"--prefix-cache-gb must be a number of GiB, 0 or more (0: off), got {prefix_cache_gb}"
+        )
+    return int(prefix_cache_gb * GIB)
 
 
 def _source(
@@ -61,15 +76,15 @@ def _source(
     return ServeSource(model, strategy, backend, cluster=read_cluster(cluster_file))
 
 
-def _listen(
-    host: str, port: int, cluster: ServeCluster, model: str, key: str | None
-) -> ServeServer:
+def _listen(host: str, port: int, app: ServeApp) -> HttpServer:
     try:
-        return ServeServer((host, port), cluster, model, key)
+        server = HttpServer(host, port, app)
+        server.start()
     except OSError as e:
         raise InputError(
             f"cannot listen on {host}:{port} ({e.strerror or e}): choose another --port / --host"
         ) from None
+    return server
 
 
 @click.command("serve")
@@ -88,7 +103,20 @@ def _listen(
     type=int,
     default=8,
     show_default=True,
-    help="Requests open at once (queued or decoding); more get 429.",
+    help="Sequences decoding at once (one batch on the ranks).",
+)
+@click.option(
+    "--max-queue",
+    type=int,
+    default=64,
+    show_default=True,
+    help="Requests waiting beyond --max-concurrency; more get 429.",
+)
+@click.option(
+    "--prefix-cache-gb",
+    type=float,
+    help="Memory per rank for reusing prompt prefixes (0: off). Default: half the plan's "
+    "headroom, at most 8.",
 )
 @placement_options
 @deadline_options(RANK_TIMEOUT_S, "serve fails over")
@@ -101,6 +129,8 @@ def serve_cmd(
     port: int,
     api_key: str | None,
     max_concurrency: int,
+    max_queue: int,
+    prefix_cache_gb: float | None,
     strategy: str | None,
     backend: str | None,
     rank_timeout: float,
@@ -108,7 +138,7 @@ def serve_cmd(
     job_option: tuple[str, ...],
 ) -> int:
     """Serve the model over an OpenAI-compatible HTTP API, re-planning when a rank dies."""
-    _check(port, max_concurrency)
+    cache_bytes = _check(port, max_concurrency, max_queue, prefix_cache_gb)
     deadlines = check_deadlines(rank_timeout, load_timeout)
     if api_key is not None and not api_key.strip():
         raise InputError("--api-key / MLX_CLUSTER_API_KEY is empty: give a key or leave it unset")
@@ -125,14 +155,30 @@ def serve_cmd(
         _log(str(e))
         return EXIT_RANK_FAILED
     assert model is not None
-    tickets = Tickets(max_concurrency)
+    from launcher.planning.model_source import load_model_spec
+
+    limits = ServeLimits(load_model_spec(model), max_concurrency, cache_bytes)
+    metrics = ServeMetrics()
+    busy = (
+        f"{max_concurrency + max_queue} requests are already open "
+        f"(--max-concurrency {max_concurrency} decoding + --max-queue {max_queue} waiting)"
+    )
+    tickets = Tickets(max_concurrency + max_queue, busy, metrics)
     runner = RankRunner(
-        source, model_for_ranks(model), deadlines, options, _log, tickets.route, tickets.fail_all
+        source,
+        model_for_ranks(model),
+        deadlines,
+        limits,
+        options,
+        _log,
+        tickets.route,
+        tickets.fail_all,
+        metrics,
     )
     cluster = ServeCluster(runner, tickets)
-    server = _listen(host, port, cluster, model, api_key)
-    url = f"http://{host}:{server.server_address[1]}/v1"
-    threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
+    metrics.watch(cluster.ranks_up, lambda: len(tickets))
+    server = _listen(host, port, ServeApp(cluster, metrics, model, api_key, _log))
+    url = f"http://{host}:{server.port}/v1"
     try:
         with interrupt_flag() as stopping:  # Ctrl-C/SIGTERM/SIGHUP: ranks first, then the server
             cluster.start(target)
@@ -140,8 +186,7 @@ def serve_cmd(
             return _run(cluster, stopping, url, model)
     finally:
         cluster.stop(STOP_TIMEOUT_S)
-        server.shutdown()
-        server.server_close()
+        server.stop(STOP_TIMEOUT_S)
 
 
 def _run(cluster: ServeCluster, stopping: threading.Event, url: str, model: str) -> int:

@@ -1,14 +1,16 @@
 """What `mlx-cluster serve`'s HTTP side talks to: the ranks (runner.py) and the requests open
-on them (tickets.py). A request becomes a ticket and one JSON line on rank 0's stdin; /health
-reports whether the ranks are serving and answering.
+on them (tickets.py). A request becomes a ticket and one JSON line on rank 0's stdin; a client
+that goes away withdraws it with one `{"cancel": id}` line; /health reports whether the ranks are
+serving and answering.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from launcher.ranks.target import LaunchTarget
@@ -31,14 +33,15 @@ class ServeCluster:
     def stop(self, timeout_s: float) -> None:
         self.runner.stop(timeout_s)
 
-    def submit(self, request: GenerateRequest) -> Ticket:
-        """Queue a request on rank 0; Unavailable / Busy (tickets.py) when it cannot be taken."""
+    def submit(self, request: GenerateRequest, loop: asyncio.AbstractEventLoop) -> Ticket:
+        """Queue a request on rank 0 (its events go to `loop`); Unavailable / Busy (tickets.py)
+        when it cannot be taken. Blocking (a pipe write): the HTTP side calls it off its loop."""
         runner = self.runner
         with runner.changed:
             rank0 = runner.rank0
             if runner.status != "ready" or rank0 is None:
                 raise Unavailable(runner.reason)
-            ticket = self.tickets.open(new_id(request.kind))
+            ticket = self.tickets.open(new_id(request.kind), loop)
         line = request.rank_line(ticket.id, seed=random.randrange(2**31))
         with self._send_lock:  # one writer at a time: lines must not interleave
             sent = rank0.send_line(line)
@@ -47,10 +50,34 @@ class ServeCluster:
             raise Unavailable("the ranks are stopping")
         return ticket
 
-    def events(self, ticket: Ticket) -> Iterator[Event]:
-        """The ticket's events; a silence longer than the supervisor's own deadline ends it."""
-        quiet_s = self.deadlines.rank_timeout_s + self.deadlines.grace_s + 5.0
-        return self.tickets.events(ticket, quiet_s)
+    def cancel(self, ticket: Ticket) -> None:
+        """The client went away: forget the ticket and tell rank 0 to drop the sequence (it
+        leaves the batch within one step). Nothing to send when the request already ended."""
+        if not self.tickets.drop(ticket.id):
+            return
+        runner = self.runner
+        with runner.changed:
+            rank0 = runner.rank0 if runner.status == "ready" else None
+        if rank0 is None:
+            return  # the ranks are gone or restarting: the request went with them
+        line = json.dumps({"cancel": ticket.id}, separators=(",", ":")) + "\n"
+        with self._send_lock:
+            rank0.send_line(line)
+
+    def quiet_s(self) -> float:
+        """How long a begun request may hear nothing: past the supervisor's own deadline."""
+        return self.deadlines.rank_timeout_s + self.deadlines.grace_s + 5.0
+
+    async def next_event(self, ticket: Ticket) -> Event:
+        """The ticket's next event (a `failed` one after the silence bound)."""
+        return await self.tickets.next_event(ticket, self.quiet_s())
+
+    def ranks_up(self) -> int:
+        """The current plan's rank count while serving, else 0 (for /metrics)."""
+        runner = self.runner
+        with runner.changed:
+            target = runner.target
+            return len(target.plan.ranks) if runner.status == "ready" and target else 0
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         runner = self.runner

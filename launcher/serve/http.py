@@ -1,121 +1,169 @@
-"""The HTTP server of `mlx-cluster serve`: stdlib ThreadingHTTPServer, a thread per request.
+"""The HTTP side of `mlx-cluster serve`: a Starlette app under uvicorn, in a thread of the launcher.
 
-Routes: GET /health (no key needed: for load balancers), GET /v1/models, POST
-/v1/chat/completions and POST /v1/completions (streamed as server-sent events when asked).
-A request beyond --max-concurrency gets 429 at once rather than waiting (OpenAI clients retry
-429 by themselves); the accepted ones queue on rank 0, which decodes them one at a time.
+Routes: GET /health and GET /metrics (no key needed: for load balancers and scrapers), GET
+/v1/models[/{id}], POST /v1/chat/completions and POST /v1/completions (streamed as server-sent
+events when asked). Every error is OpenAI's error object with its status. Admission: up to
+--max-concurrency requests decode at once and --max-queue more wait on rank 0; beyond that, 429
+at once (OpenAI clients retry 429 by themselves). A request waits on an asyncio queue fed by
+rank 0's events (tickets.py), never holding a thread; a client that disconnects — mid-stream or
+while a whole answer is being made — has its request withdrawn from the ranks (cancel).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
+import socket
+import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import urlsplit
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from launcher.serve.cluster import ServeCluster
+from launcher.serve.metrics import CONTENT_TYPE, ServeMetrics
 from launcher.serve.openai_api import (
     ApiError,
     GenerateRequest,
     chunk_body,
+    done_usage,
     models_body,
     parse_chat,
     parse_completion,
     response_body,
     usage,
 )
-from launcher.serve.tickets import Busy, Unavailable
+from launcher.serve.tickets import FINAL_EVENTS, Busy, Event, Ticket, Unavailable
 
 MAX_BODY_BYTES = 16 << 20
-Event = dict[str, Any]
+GONE_STATUS = 499  # what /metrics counts for a client that left before its answer (nginx's)
+SHUTDOWN_GRACE_S = 3  # open connections get this long once serve stops
+T = TypeVar("T")
+Log = Callable[[str], None]
 
 
-class ServeServer(ThreadingHTTPServer):
-    daemon_threads = True  # a client that never reads must not keep serve from exiting
-
-    def __init__(
-        self, address: tuple[str, int], cluster: ServeCluster, model_id: str, api_key: str | None
-    ) -> None:
-        super().__init__(address, ServeHandler)
-        self.cluster, self.model_id, self.api_key = cluster, model_id, api_key
-        self.created = int(time.time())
+class _Gone(Exception):
+    """The client disconnected before its answer was ready."""
 
 
 def _unavailable(message: str) -> ApiError:
     return ApiError(503, message, "server_error", code="cluster_unavailable")
 
 
-def _first_event(events: Iterator[Event]) -> Event:
-    """Wait for rank 0 to take the request: an error before that still gets its own status."""
-    event = next(events)
+def _error(e: ApiError) -> JSONResponse:
+    headers = {"Connection": "close"} if e.status in (411, 413) else None  # body left unread
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+def _check_first(event: Event) -> None:
+    """Rank 0 has taken the request or refused it: a refusal still gets its own status."""
     name = event.get("event")
     if name == "request_error":
         raise ApiError(400, str(event.get("message")), code="bad_prompt")
     if name == "failed":
         raise _unavailable(str(event.get("message")))
-    return event
 
 
-class ServeHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = 30  # a client that never sends its announced body must not hold a thread
-    server: ServeServer
+def _sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # one line per request would drown serve's own log
 
-    def do_GET(self) -> None:
-        self._route("GET")
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client goes away (the request body has been read by then)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
-    def do_POST(self) -> None:
-        self._route("POST")
 
-    def _route(self, method: str) -> None:
-        path = urlsplit(self.path).path.rstrip("/") or "/"
-        routes: dict[str, tuple[str, Callable[[bytes], None]]] = {
-            "/health": ("GET", lambda _b: self._health()),
-            "/v1/models": ("GET", lambda _b: self._json(200, self._models())),
-            "/v1/chat/completions": ("POST", lambda b: self._generate(parse_chat(b))),
-            "/v1/completions": ("POST", lambda b: self._generate(parse_completion(b))),
+class ServeApp:
+    """The ASGI app: routes, key checks, admission, streaming and cancellation."""
+
+    def __init__(
+        self,
+        cluster: ServeCluster,
+        metrics: ServeMetrics,
+        model_id: str,
+        api_key: str | None,
+        log: Log,
+    ) -> None:
+        self.cluster, self.metrics, self.log = cluster, metrics, log
+        self.model_id, self.api_key = model_id, api_key
+        self.created = int(time.time())
+        routes = [
+            Route("/health", self._health, methods=["GET"]),
+            Route("/metrics", self._metrics, methods=["GET"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/v1/models/{name:path}", self._model, methods=["GET"]),
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completion, methods=["POST"]),
+        ]
+        handlers: dict[Any, Callable[[Request, Exception], Any]] = {
+            ApiError: self._api_error,
+            HTTPException: self._http_error,
+            Exception: self._internal_error,
         }
+        self.app: ASGIApp = Starlette(routes=routes, exception_handlers=handlers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Trailing slashes are ignored; every answer is counted by endpoint and status; an
+        unexpected error is one log line and a 500, never a traceback."""
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"].rstrip("/") or "/"
+        scope = {**scope, "path": path}
+        status = GONE_STATUS  # no answer started: the client went away first
+
+        async def counted(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
         try:
-            body = self._body() if method == "POST" else b""
-            if path.startswith("/v1/models/") and method == "GET":
-                self._check_key()
-                return self._model(path.removeprefix("/v1/models/"))
-            if path not in routes:
-                raise ApiError(404, f"no route for {method} {path}", code="not_found")
-            allowed, handle = routes[path]
-            if method != allowed:
-                raise ApiError(
-                    405, f"{path} takes {allowed}, not {method}", code="method_not_allowed"
-                )
-            if path != "/health":
-                self._check_key()
-            handle(body)
-        except ApiError as e:
-            self._json(e.status, e.body())
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client went away
+            await self.app(scope, receive, counted)
+        except Exception as e:  # Starlette has answered 500 already (_internal_error)
+            self.log(f"error answering {scope['method']} {path}: {type(e).__name__}: {e}")
+        finally:
+            self.metrics.request(path, status)
 
-    def _body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            self.close_connection = True
-            raise ApiError(411, "a POST needs a Content-Length header", code="length_required")
-        if int(length) > MAX_BODY_BYTES:
-            self.close_connection = True
-            raise ApiError(413, f"the body is larger than {MAX_BODY_BYTES >> 20} MiB")
-        return self.rfile.read(int(length))
+    async def _api_error(self, _request: Request, e: Exception) -> Response:
+        assert isinstance(e, ApiError)
+        return _error(e)
 
-    def _check_key(self) -> None:
-        key = self.server.api_key
+    async def _http_error(self, request: Request, e: Exception) -> Response:
+        """Starlette's own 404 / 405, as OpenAI error objects."""
+        assert isinstance(e, HTTPException)
+        method, path = request.method, request.url.path.rstrip("/") or "/"
+        if e.status_code == 405:
+            allow = (e.headers or {}).get("Allow", "")
+            takes = allow.split(",")[0].strip()  # GET routes also take HEAD: name the first
+            answer = _error(
+                ApiError(405, f"{path} takes {takes}, not {method}", code="method_not_allowed")
+            )
+            answer.headers["Allow"] = allow
+            return answer
+        if e.status_code == 404:
+            return _error(ApiError(404, f"no route for {method} {path}", code="not_found"))
+        return _error(ApiError(e.status_code, str(e.detail)))
+
+    async def _internal_error(self, _request: Request, e: Exception) -> Response:
+        message = f"internal error: {type(e).__name__}: {e}"
+        return _error(ApiError(500, message, "server_error", code="internal_error"))
+
+    def _check_key(self, request: Request) -> None:
+        key = self.api_key
         if key is None:
             return
-        given = self.headers.get("Authorization", "")
+        given = request.headers.get("Authorization", "")
         token = given.removeprefix("Bearer ").strip() if given.startswith("Bearer ") else ""
         if not hmac.compare_digest(token.encode(), key.encode()):
             what = "no API key given" if not token else "incorrect API key"
@@ -123,81 +171,194 @@ class ServeHandler(BaseHTTPRequestHandler):
                 401, f"{what}: send 'Authorization: Bearer <--api-key>'", code="invalid_api_key"
             )
 
-    def _json(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    async def _body(self, request: Request) -> bytes:
+        length = request.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            raise ApiError(411, "a POST needs a Content-Length header", code="length_required")
+        if int(length) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the body is larger than {MAX_BODY_BYTES >> 20} MiB")
+        self._check_key(request)
+        return await request.body()
 
-    def _health(self) -> None:
-        ok, body = self.server.cluster.health()
-        self._json(200 if ok else 503, {**body, "model": self.server.model_id})
+    async def _health(self, _request: Request) -> Response:
+        ok, body = self.cluster.health()
+        return JSONResponse({**body, "model": self.model_id}, status_code=200 if ok else 503)
 
-    def _models(self) -> dict[str, Any]:
-        return models_body(self.server.model_id, self.server.created)
+    async def _metrics(self, _request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
-    def _model(self, name: str) -> None:
-        if name != self.server.model_id:
+    async def _models(self, request: Request) -> Response:
+        self._check_key(request)
+        return JSONResponse(models_body(self.model_id, self.created))
+
+    async def _model(self, request: Request) -> Response:
+        self._check_key(request)
+        name = request.path_params["name"]
+        if name != self.model_id:
             raise ApiError(404, f"model {name!r} is not served here", code="model_not_found")
-        self._json(200, self._models()["data"][0])
+        return JSONResponse(models_body(self.model_id, self.created)["data"][0])
 
-    def _generate(self, request: GenerateRequest) -> None:
-        cluster = self.server.cluster
-        try:
-            ticket = cluster.submit(request)
+    async def _chat(self, request: Request) -> Response:
+        return await self._generate(request, parse_chat(await self._body(request)))
+
+    async def _completion(self, request: Request) -> Response:
+        return await self._generate(request, parse_completion(await self._body(request)))
+
+    async def _generate(self, request: Request, generate: GenerateRequest) -> Response:
+        loop = asyncio.get_running_loop()
+        try:  # a pipe write to rank 0: off the event loop
+            ticket = await run_in_threadpool(self.cluster.submit, generate, loop)
         except Unavailable as e:
             raise _unavailable(f"the cluster is not serving: {e}") from None
         except Busy as e:
             raise ApiError(429, str(e), "rate_limit_error", code="too_many_requests") from None
-        events = cluster.events(ticket)
-        _first_event(events)
-        if request.stream:
-            self._stream(request, ticket.id, events)
+        streaming = False
+        try:
+            first = await self._unless_gone(request, self.cluster.next_event(ticket))
+            _check_first(first)
+            if generate.stream:
+                streaming = True  # from here on the stream owns the ticket
+                events = self._stream(generate, ticket, first)
+                headers = {"Cache-Control": "no-cache"}
+                return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+            body = await self._unless_gone(request, self._collect(generate, ticket, first))
+            return JSONResponse(body)
+        except _Gone:
+            return Response(status_code=GONE_STATUS)  # nobody reads it
+        finally:
+            if not streaming:
+                self._withdraw(ticket)
+
+    async def _unless_gone(self, request: Request, work: Coroutine[Any, Any, T]) -> T:
+        """`work`'s result, or _Gone as soon as the client disconnects."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        try:
+            await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            task.cancel()  # no-op when done
+        if task.done() and not task.cancelled():
+            return task.result()
+        raise _Gone
+
+    def _withdraw(self, ticket: Ticket) -> None:
+        """Cancel the request on rank 0 unless it has ended (cancel writes to a pipe: off the
+        loop, and not awaited — this runs while the request's task is being torn down)."""
+        if ticket.id not in self.cluster.tickets:
             return
+        with contextlib.suppress(RuntimeError):  # the loop is closing: the ranks go too
+            asyncio.get_running_loop().run_in_executor(None, self.cluster.cancel, ticket)
+
+    async def _collect(self, generate: GenerateRequest, ticket: Ticket, event: Event) -> Any:
         text, finish, counts = "", "stop", usage(0, 0)
-        for event in events:
+        while True:
             name = event.get("event")
             if name == "delta":
                 text += str(event.get("text", ""))
             elif name == "done":
-                finish = str(event.get("finish_reason"))
-                counts = usage(int(event["prompt_tokens"]), int(event["completion_tokens"]))
+                finish, counts = str(event.get("finish_reason")), done_usage(event)
             elif name in ("failed", "request_error"):
                 raise _unavailable(f"the request failed: {event.get('message')}")
-        body = response_body(request.kind, ticket.id, self.server.model_id, text, finish, counts)
-        self._json(200, body)
+            if name in FINAL_EVENTS:
+                break
+            event = await self.cluster.next_event(ticket)
+        return response_body(generate.kind, ticket.id, self.model_id, text, finish, counts)
 
-    def _stream(self, request: GenerateRequest, request_id: str, events: Iterator[Event]) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        model, kind = self.server.model_id, request.kind
-        if kind == "chat":
-            self._sse(chunk_body(kind, request_id, model, "", first=True))
-        for event in events:
-            name = event.get("event")
-            if name == "delta":
-                self._sse(chunk_body(kind, request_id, model, str(event.get("text", ""))))
-            elif name == "done":
-                finish = str(event.get("finish_reason"))
-                self._sse(chunk_body(kind, request_id, model, None, finish))
-                if request.include_usage:
-                    counts = usage(int(event["prompt_tokens"]), int(event["completion_tokens"]))
-                    self._sse(chunk_body(kind, request_id, model, None, counts=counts))
-                self._chunk(b"data: [DONE]\n\n")
-            elif name in ("failed", "request_error"):
-                error = _unavailable(f"the request failed: {event.get('message')}")
-                self._sse(error.body())
-                self.close_connection = True
-        self._chunk(b"")  # the last chunk of a chunked body
+    async def _stream(
+        self, generate: GenerateRequest, ticket: Ticket, event: Event
+    ) -> AsyncIterator[bytes]:
+        """The SSE body. Starlette cancels it when the client disconnects: then the request
+        is withdrawn from the ranks."""
+        kind, model, rid = generate.kind, self.model_id, ticket.id
+        ended = False
+        try:
+            if kind == "chat":
+                yield _sse(chunk_body(kind, rid, model, "", first=True))
+            while True:
+                name = event.get("event")
+                if name == "delta":
+                    yield _sse(chunk_body(kind, rid, model, str(event.get("text", ""))))
+                elif name == "done":
+                    yield _sse(chunk_body(kind, rid, model, None, str(event.get("finish_reason"))))
+                    if generate.include_usage:
+                        yield _sse(chunk_body(kind, rid, model, None, counts=done_usage(event)))
+                    yield b"data: [DONE]\n\n"
+                elif name in ("failed", "request_error"):
+                    yield _sse(_unavailable(f"the request failed: {event.get('message')}").body())
+                elif name == "prompt_progress":  # an SSE comment: proxies see a live stream
+                    yield b": prompt %d/%d\n\n" % (int(event["read"]), int(event["total"]))
+                if name in FINAL_EVENTS:
+                    ended = True
+                    return
+                event = await self.cluster.next_event(ticket)
+        finally:
+            if not ended:
+                self._withdraw(ticket)
 
-    def _sse(self, body: dict[str, Any]) -> None:
-        self._chunk(b"data: " + json.dumps(body).encode() + b"\n\n")
 
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its signal handlers (the serve command owns SIGINT/SIGTERM: ranks are
+    stopped first, then this server), and saying when it accepts connections."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.up = threading.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.up.set()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on exactly host:port (0: any free port); OSError when impossible."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class HttpServer:
+    """uvicorn in a background thread on a socket bound here, so a taken port is one clear
+    error before any rank starts and --port 0's real port is known at once."""
+
+    def __init__(self, host: str, port: int, app: ServeApp) -> None:
+        self._sock = _bind(host, port)
+        self.port = int(self._sock.getsockname()[1])
+        config = uvicorn.Config(
+            app,
+            http="h11",
+            loop="asyncio",
+            lifespan="off",
+            access_log=False,  # a line per request would drown serve's own log
+            log_level="warning",
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        )
+        self._server = _Uvicorn(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True, name="http"
+        )
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        self._thread.start()
+        if not self._server.up.wait(timeout_s):
+            self.stop(1.0)
+            raise OSError("the HTTP server did not start")
+
+    def stop(self, timeout_s: float) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        self._sock.close()

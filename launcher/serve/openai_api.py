@@ -84,7 +84,7 @@ class GenerateRequest:
     prompt_ids: tuple[int, ...] | None = None
 
     def rank_line(self, request_id: str, seed: int) -> str:
-        """The JSON line for rank 0's stdin (cluster/serve/loop.py reads it)."""
+        """The JSON line for rank 0's stdin (cluster/serve/requests.py reads it)."""
         raw = {
             "id": request_id,
             "max_tokens": self.max_tokens,
@@ -227,16 +227,27 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens: prompt tokens rank 0 took from its prefix cache."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
+def done_usage(event: dict[str, Any]) -> dict[str, Any]:
+    """The usage object from rank 0's `done` event (cached_tokens is absent from older ranks)."""
+    return usage(
+        int(event["prompt_tokens"]),
+        int(event["completion_tokens"]),
+        int(event.get("cached_tokens") or 0),
+    )
+
+
 def response_body(
-    kind: str, request_id: str, model: str, text: str, finish: str, counts: dict[str, int]
+    kind: str, request_id: str, model: str, text: str, finish: str, counts: dict[str, Any]
 ) -> dict[str, Any]:
     """The whole answer of a non-streaming request."""
     if kind == "chat":
@@ -264,7 +275,7 @@ def chunk_body(
     model: str,
     text: str | None,
     finish: str | None = None,
-    counts: dict[str, int] | None = None,
+    counts: dict[str, Any] | None = None,
     first: bool = False,
 ) -> dict[str, Any]:
     """One streamed chunk: text (None: the final chunk with the finish reason; with counts:

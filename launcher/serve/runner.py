@@ -3,7 +3,9 @@
 A runner thread supervises one rank job at a time (launcher/ranks/supervisor.py, job mode
 "serve"). When the job ends (a rank died, hung or made no progress) every open request ends with
 an error at once (on_down), /health turns 503, and the runner re-plans on the hosts that remain
-(launcher/serve/failover.py) and starts again. Rank 0's request events go to on_event.
+(launcher/serve/failover.py) and starts again. Rank 0's request events go to on_event, its
+`stats` and token counts to the metrics. Every job gets the serving limits for its own plan: the
+prefix cache's token bound changes with the placement (topology/planning/serving.py).
 """
 
 from __future__ import annotations
@@ -25,10 +27,27 @@ from launcher.ranks.supervisor import (
 )
 from launcher.ranks.target import LaunchTarget, PlanRefused, rank_launches
 from launcher.serve.failover import ServeSource, describe
+from launcher.serve.metrics import ServeMetrics
 from launcher.serve.tickets import Event
 from topology.errors import InputError
+from topology.model.spec import ModelSpec
+from topology.planning.serving import prefix_cache_budget
 
 Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What every serve job is told besides the model: how many sequences decode at once and
+    how much memory the prefix cache may take (None: the plan's default)."""
+
+    spec: ModelSpec
+    max_running: int
+    prefix_cache_bytes: int | None
+
+    def job_options(self, target: LaunchTarget) -> dict[str, Any]:
+        budget = prefix_cache_budget(target.plan, self.spec, self.prefix_cache_bytes)
+        return {"max_running": self.max_running, "prefix_cache_tokens": budget.tokens}
 
 
 @dataclass
@@ -48,14 +67,17 @@ class RankRunner:
         source: ServeSource,
         model: str,
         deadlines: Deadlines,
+        limits: ServeLimits,
         options: dict[str, Any],
         log: Log,
         on_event: Callable[[Event], None],
         on_down: Callable[[str], None],
+        metrics: ServeMetrics,
     ) -> None:
         self.source, self.model, self.deadlines = source, model, deadlines
-        self.options, self.log = options, log
+        self.limits, self.options, self.log = limits, options, log  # options: --job-option
         self._route, self._fail_open = on_event, on_down
+        self.metrics = metrics
         self.stop_flag = threading.Event()
         self.changed = threading.Condition()  # status changes: launcher/cli/serve.py waits on these
         self.status = "starting"  # starting | ready | restarting | failed | down | stopped
@@ -104,6 +126,7 @@ class RankRunner:
                 return self.log(f"cannot restart the ranks ({reason}); answering 503")
             rank = outcome.failure.rank
             self.log(f"{reason}; re-planning on the hosts that remain")
+            self.metrics.failovers.inc()
             change = self._change or _Change("", describe(target), time.monotonic())
             lost, unreachable = self.source.lost_hosts(target, rank, dict(self._pids))
             if unreachable:
@@ -133,7 +156,10 @@ class RankRunner:
             port=target.port,
             deadlines=self.deadlines,
         )
-        jobs = [replace(j, mode="serve", options=dict(self.options)) for j in jobs]
+        limits = self.limits.job_options(target)
+        self.metrics.cache_budget.set(limits["prefix_cache_tokens"])
+        options = {**limits, **self.options}  # --job-option (test hooks) wins
+        jobs = [replace(j, mode="serve", options=dict(options)) for j in jobs]
         with self.changed:
             self.target = target
             self.heard = [time.monotonic()] * len(jobs)
@@ -158,8 +184,10 @@ class RankRunner:
                 self.heard[rank] = time.monotonic()
             if name == "started" and isinstance(event.get("pid"), int):
                 self._pids[rank] = event["pid"]
-            if rank == 0:
+            if rank == 0 and name != "stats":
                 self._route(event)
+        if rank == 0:
+            self.metrics.rank_event(event)
         if name == "ready" and rank == 0:
             self._ready()
 
@@ -181,6 +209,7 @@ class RankRunner:
             self.status, self.reason = status, reason
             if status != "ready":
                 self.rank0 = None
+                self.metrics.ranks_down()
             if fail_open:  # every open request ends now, with the reason
                 self._fail_open(reason)
             self.changed.notify_all()

@@ -1,20 +1,24 @@
 """The requests open on the ranks: one ticket each, fed by rank 0's events.
 
 A ticket's events are `begin`/`delta`/`done`/`request_error` as rank 0 tags them with the
-ticket's id (cluster/serve/loop.py), or one `failed` when the ranks go (fail_all). At most
-`max_open` tickets are open at once; the HTTP side turns Busy into 429 and Unavailable into 503.
+ticket's id, or one `failed` when the ranks go (fail_all). Events arrive on supervisor threads
+(route); each ticket hands them to the HTTP event loop through loop.call_soon_threadsafe into
+an asyncio.Queue, so no thread waits per request and the ranks never wait for a slow client.
+At most `max_open` tickets are open at once (decoding + waiting on rank 0); beyond, Busy (429).
+Unavailable is the HTTP side's 503.
 """
 
 from __future__ import annotations
 
-import queue
+import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 Event = dict[str, Any]
+REQUEST_EVENTS = ("begin", "prompt_progress", "delta", "done", "request_error")
 FINAL_EVENTS = ("done", "request_error", "failed")
 
 
@@ -26,15 +30,35 @@ class Busy(Exception):
     """max_open requests are already open: 429."""
 
 
-@dataclass
+class Latencies(Protocol):
+    """Where a ticket's token timings go (launcher/serve/metrics.py)."""
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def inter_token(self, seconds: float) -> None: ...
+
+
+@dataclass(eq=False)
 class Ticket:
     id: str
-    events: queue.Queue[Event] = field(default_factory=queue.Queue)
+    loop: asyncio.AbstractEventLoop  # the HTTP event loop that awaits this ticket's events
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    opened: float = field(default_factory=time.monotonic)
+    last_delta: float | None = None  # set on the routing thread only
+    begun: bool = False  # set by the awaiting side only
+
+    def put(self, event: Event) -> None:
+        """From any thread: the event joins the queue on the loop's thread."""
+        # A closed loop means serve is shutting down: nobody is left to read the event.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
 class Tickets:
-    def __init__(self, max_open: int) -> None:
+    def __init__(self, max_open: int, busy: str = "", latencies: Latencies | None = None) -> None:
         self.max_open = max_open
+        self._busy = busy or f"{max_open} requests are already open"
+        self._latencies = latencies
         self._open: dict[str, Ticket] = {}
         self._lock = threading.Lock()
 
@@ -42,53 +66,66 @@ class Tickets:
         with self._lock:
             return len(self._open)
 
-    def open(self, ticket_id: str) -> Ticket:
+    def __contains__(self, ticket_id: object) -> bool:
+        with self._lock:
+            return ticket_id in self._open
+
+    def open(self, ticket_id: str, loop: asyncio.AbstractEventLoop) -> Ticket:
         with self._lock:
             if len(self._open) >= self.max_open:
-                raise Busy(f"{self.max_open} requests are already open (--max-concurrency)")
-            ticket = self._open[ticket_id] = Ticket(ticket_id)
+                raise Busy(self._busy)
+            ticket = self._open[ticket_id] = Ticket(ticket_id, loop)
             return ticket
 
-    def drop(self, ticket_id: str) -> None:
+    def drop(self, ticket_id: str) -> bool:
+        """Forget a ticket; True when it was still open."""
         with self._lock:
-            self._open.pop(ticket_id, None)
+            return self._open.pop(ticket_id, None) is not None
 
     def route(self, event: Event) -> None:
-        """Hand one of rank 0's request events to its ticket (unknown ids are ignored)."""
+        """Hand one of rank 0's request events to its ticket (unknown ids are ignored: a
+        cancelled request may still be answered once)."""
         name = event.get("event")
-        if name not in ("begin", "delta", "done", "request_error"):
+        if name not in REQUEST_EVENTS:
             return
         with self._lock:
             ticket = self._open.get(str(event.get("id")))
             if ticket is None:
                 return
-            ticket.events.put(event)
             if name in FINAL_EVENTS:
                 del self._open[ticket.id]
+        if name == "delta":
+            self._time(ticket)
+        ticket.put(event)
+
+    def _time(self, ticket: Ticket) -> None:
+        now = time.monotonic()
+        if self._latencies is not None:
+            if ticket.last_delta is None:
+                self._latencies.first_token(now - ticket.opened)
+            else:
+                self._latencies.inter_token(now - ticket.last_delta)
+        ticket.last_delta = now
 
     def fail_all(self, reason: str) -> None:
         """Every open request ends now, with the reason (the ranks are gone)."""
         with self._lock:
-            for ticket in self._open.values():
-                ticket.events.put({"event": "failed", "status": 503, "message": reason})
+            tickets = list(self._open.values())
             self._open.clear()
+        for ticket in tickets:
+            ticket.put({"event": "failed", "status": 503, "message": reason})
 
-    def events(self, ticket: Ticket, quiet_s: float) -> Iterator[Event]:
-        """The ticket's events until a final one. Waiting in the queue is bounded by the cluster
-        (a failure fails every ticket); once decoding, a silence longer than quiet_s ends it."""
-        begun, last = False, time.monotonic()
-        while True:
-            try:
-                event = ticket.events.get(timeout=1.0)
-            except queue.Empty:
-                if begun and time.monotonic() - last > quiet_s:
-                    self.drop(ticket.id)
-                    message = f"no answer from the ranks for {quiet_s:.0f} s"
-                    yield {"event": "failed", "status": 503, "message": message}
-                    return
-                continue
-            last = time.monotonic()
-            begun = begun or event.get("event") == "begin"
-            yield event
-            if event.get("event") in FINAL_EVENTS:
-                return
+    async def next_event(self, ticket: Ticket, quiet_s: float) -> Event:
+        """The ticket's next event. Waiting on rank 0's queue is bounded by the cluster (a
+        failure fails every ticket); once begun, a silence longer than quiet_s ends it."""
+        try:
+            if ticket.begun:
+                event = await asyncio.wait_for(ticket.events.get(), quiet_s)
+            else:
+                event = await ticket.events.get()
+        except TimeoutError:
+            self.drop(ticket.id)
+            message = f"no answer from the ranks for {quiet_s:.0f} s"
+            return {"event": "failed", "status": 503, "message": message}
+        ticket.begun = ticket.begun or event.get("event") in ("begin", "delta")
+        return event

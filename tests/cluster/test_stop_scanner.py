@@ -1,9 +1,9 @@
-"""Stop strings in serve (cluster/serve_loop.StopScanner): cut before the first stop string,
-never stream part of one, and keep text that only looked like the start of one."""
+"""Stop strings in serve (cluster/serve/requests.py's StopScanner): cut before the first stop
+string, never stream part of one, and keep text that only looked like the start of one."""
 
 from __future__ import annotations
 
-from cluster.serve.loop import StopScanner
+from cluster.serve.requests import StopScanner
 
 
 def feed_all(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:

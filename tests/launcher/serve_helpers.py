@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -85,6 +86,14 @@ class Server(CliProcess):
             assert time.monotonic() < end, f"/health still {status} {body}:\n{self.stderr}"
             time.sleep(every_s)
 
+    def wait_open(self, n: int, timeout_s: float) -> float:
+        """Wait until /health counts n open requests; the seconds it took."""
+        start = time.monotonic()
+        while (body := self.health()[1]).get("open_requests") != n:
+            assert time.monotonic() - start < timeout_s, f"open requests: {body}\n{self.stderr}"
+            time.sleep(0.02)
+        return time.monotonic() - start
+
     def client(self, api_key: str = "none") -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=60)
 
@@ -110,6 +119,38 @@ class Server(CliProcess):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return left
+
+
+class StreamInBackground:
+    """A streamed chat completion read by a thread: when it started and how it ended. (The
+    chat prompt makes both tiny models talk for 150+ tokens before their end-of-turn.)"""
+
+    def __init__(self, client: openai.OpenAI, max_tokens: int, prompt: str = "Hello world") -> None:
+        self.started = threading.Event()
+        self.error: Exception | None = None
+        self.ended_at = 0.0
+        self.text = ""
+        self._client, self._max_tokens, self._prompt = client, max_tokens, prompt
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for chunk in self._client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": self._prompt}],
+                max_tokens=self._max_tokens,
+                temperature=0,
+                stream=True,
+            ):
+                if chunk.choices:
+                    self.text += chunk.choices[0].delta.content or ""
+                if self.text:
+                    self.started.set()
+        except Exception as e:
+            self.error = e
+        self.ended_at = time.monotonic()
+        self.started.set()
 
 
 @contextlib.contextmanager

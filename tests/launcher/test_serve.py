@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 from launch_helpers import tiny_model
-from serve_helpers import Server, reference, serving
+from serve_helpers import Server, StreamInBackground, reference, serving
 
 from cluster.tiny_model import write_tiny_model
 
@@ -85,7 +84,16 @@ def test_chat_streamed_and_not_equal_one_process(server: Server, tiny_model: Pat
     assert text == ref.text
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == ref.finish_reason
-    assert chunks[-1].usage == whole.usage
+    streamed = chunks[-1].usage
+    assert streamed is not None and streamed.prompt_tokens_details is not None
+    counts = (streamed.prompt_tokens, streamed.completion_tokens, streamed.total_tokens)
+    assert counts == (
+        whole.usage.prompt_tokens,
+        whole.usage.completion_tokens,
+        whole.usage.total_tokens,
+    )
+    # The same prompt again: rank 0 may take some of it from its prefix cache.
+    assert 0 <= (streamed.prompt_tokens_details.cached_tokens or 0) < ref.prompt_tokens
 
 
 def test_stop_string_cuts_the_text_and_ends_generation(server: Server, tiny_model: Path) -> None:
@@ -164,38 +172,6 @@ def test_unknown_route_is_404_and_wrong_method_405(server: Server) -> None:
     assert status == 405
 
 
-class StreamInBackground:
-    """A streamed chat completion read by a thread: when it started and how it ended. (The
-    chat prompt makes both tiny models talk for 150+ tokens before their end-of-turn.)"""
-
-    def __init__(self, client: openai.OpenAI, max_tokens: int) -> None:
-        self.started = threading.Event()
-        self.error: Exception | None = None
-        self.ended_at = 0.0
-        self.text = ""
-        self._client, self._max_tokens = client, max_tokens
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            for chunk in self._client.chat.completions.create(
-                model="m",
-                messages=[{"role": "user", "content": PROMPT}],
-                max_tokens=self._max_tokens,
-                temperature=0,
-                stream=True,
-            ):
-                if chunk.choices:
-                    self.text += chunk.choices[0].delta.content or ""
-                if self.text:
-                    self.started.set()
-        except Exception as e:
-            self.error = e
-        self.ended_at = time.monotonic()
-        self.started.set()
-
-
 def _fail_over(s: Server, kill_rank: int, ranks_before: int) -> tuple[float, float]:
     """Kill a rank mid-request; return how long the request and /health took to notice."""
     s.wait_ready()
@@ -220,13 +196,13 @@ def test_rank_killed_mid_request_fails_it_then_serving_resumes_on_one_rank(
     tiny_model: Path,
 ) -> None:
     args = ["--local", "2", "--strategy", "tensor", "--model", str(tiny_model)]
-    args += ["--max-concurrency", "1", "--job-option", "token_delay_s=0.1"]
+    args += ["--max-concurrency", "1", "--max-queue", "0", "--job-option", "token_delay_s=0.1"]
     ref = reference(tiny_model, 16, prompt=PROMPT)
     with serving(*args) as s:
         s.wait_ready()
         busy = StreamInBackground(s.client(), max_tokens=20)
         assert busy.started.wait(60), s.stderr
-        with pytest.raises(openai.RateLimitError):  # beyond --max-concurrency: 429 at once
+        with pytest.raises(openai.RateLimitError):  # nothing may wait (--max-queue 0): 429 at once
             s.client().completions.create(model="m", prompt=PROMPT, max_tokens=2)
         busy.thread.join(60)
         assert busy.error is None and not busy.thread.is_alive()

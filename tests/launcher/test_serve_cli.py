@@ -32,6 +32,10 @@ def test_bad_flags_are_one_line_and_exit_2(tiny_model: Path) -> None:
             (["--local", "2", "--model", str(tiny_model / "nope")], "no such directory"),
             (["--local", "2", *model, "--port", "70000"], "--port must be"),
             (["--local", "2", *model, "--max-concurrency", "0"], "--max-concurrency must be"),
+            (["--local", "2", *model, "--max-queue", "-1"], "--max-queue must be"),
+            (["--local", "2", *model, "--prefix-cache-gb", "-1"], "--prefix-cache-gb must be"),
+            (["--local", "2", *model, "--prefix-cache-gb", "nan"], "--prefix-cache-gb must be"),
+            (["--local", "2", *model, "--prefix-cache-gb", "lots"], "--prefix-cache-gb"),
             (["--local", "2", *model, "--backend", "jaccl"], "needs hosts"),
             (
                 ["--local", "2", *model, "--api-key", " "],

@@ -1,0 +1,86 @@
+"""The batch every rank runs: mlx-lm's BatchGenerator, fed by the step messages, plus the
+prefix cache. Identical messages in, identical forward passes out, so the collectives inside the
+model pair up on every rank; nothing here talks to other ranks itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.nn as nn
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from cluster.serve.control import Step
+from cluster.serve.prefix_cache import PrefixCache
+from cluster.serve.sampling import request_sampler
+
+# The longest prompt chunk of a step; every step message sets the chunk (Step.chunk) below it.
+MAX_CHUNK = 2048
+PREFILL_BATCH = 8  # prompts prefilled together (mlx-lm's server default --prompt-concurrency)
+
+
+class Engine:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: TokenizerWrapper,
+        stream: Any,
+        max_running: int,
+        cache_tokens: int,
+    ) -> None:
+        self.gen = BatchGenerator(
+            model,
+            stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
+            completion_batch_size=max_running,
+            prefill_batch_size=min(max_running, PREFILL_BATCH),
+            prefill_step_size=MAX_CHUNK,
+            stream=stream,
+        )
+        self.cache = PrefixCache(cache_tokens)
+        self.active: set[int] = set()  # uids inserted and not yet finished or removed
+
+    @property
+    def idle(self) -> bool:
+        return not self.active
+
+    def apply(self, step: Step) -> list[int]:
+        """Removals, the prompt chunk, then the new sequences; returns their uids in order."""
+        if step.remove:
+            self.gen.remove(step.remove)
+            self.active.difference_update(step.remove)
+        if step.chunk:
+            self.gen.prefill_step_size = min(step.chunk, MAX_CHUNK)
+        uids = []
+        for a in step.add:
+            cache, head = self.cache.take(a.entry, a.reuse) if a.entry is not None else (None, [])
+            sampler = request_sampler(a.temperature, a.top_p, a.seed)
+            (uid,) = self.gen.insert_segments(
+                [[a.ids]],
+                max_tokens=[a.max_tokens],
+                caches=None if cache is None else [cache],  # None: a fresh cache
+                all_tokens=[head],
+                samplers=None if sampler is None else [sampler],  # None: the shared argmax
+            )
+            uids.append(uid)
+        self.active.update(uids)
+        return uids
+
+    def next(self) -> tuple[list[Any], list[Any]]:
+        """One step: a decode step for the running sequences and one chunk of prompt.
+
+        Prompts that finish prefill and sequences that finish decoding enter the prefix cache
+        (in-flight ones with their prompt, finished ones with prompt and answer), on every rank
+        at the same step."""
+        prompt_responses, responses = self.gen.next()
+        prefilled = [r.uid for r in prompt_responses if r.end_of_prompt]
+        for cache, tokens in self.gen.extract_cache(prefilled).values():
+            self.cache.insert(list(tokens), cache)
+        for r in responses:
+            if r.finish_reason is not None:
+                self.active.discard(r.uid)
+                self.cache.insert(list(r.all_tokens), r.prompt_cache)
+        return prompt_responses, responses
+
+    def close(self) -> None:
+        self.cache.clear()
+        self.gen.close()

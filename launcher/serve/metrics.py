@@ -1,0 +1,136 @@
+"""`GET /metrics` of `mlx-cluster serve`: Prometheus text from its own registry.
+
+Measured in the launcher: requests by endpoint and status, time to first token (submit → first
+delta) and inter-token latency (between one request's deltas). From rank 0's events: token
+counts (`done`) and the batch and prefix-cache figures (`stats`, at most once a second). The
+rank's prefix-cache hits and lookups restart from 0 with every new job, so the counters here
+add up their increases. Thread-safe: supervisor threads write, the HTTP loop reads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+PREFIX = "mlx_cluster_"
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# The routes /metrics names; anything else is "other" (a label per unknown path would let any
+# client grow the registry without bound).
+ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
+MODEL_ENDPOINT = "/v1/models/{id}"
+
+
+def endpoint_label(path: str) -> str:
+    path = path.rstrip("/") or "/"
+    if path in ENDPOINTS:
+        return path
+    return MODEL_ENDPOINT if path.startswith("/v1/models/") else "other"
+
+
+def _int(event: dict[str, Any], key: str) -> int:
+    value = event.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+class ServeMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            PREFIX + "requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
+            registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens", registry=r)
+        self.generated_tokens = Counter(
+            PREFIX + "generated_tokens", "Generated (completion) tokens", registry=r
+        )
+        self.cached_tokens = Counter(
+            PREFIX + "cached_tokens", "Prompt tokens taken from the prefix cache", registry=r
+        )
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds", "Submit to first generated text",
+            buckets=TTFT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            PREFIX + "inter_token_latency_seconds", "Between one request's text deltas",
+            buckets=ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.running = Gauge(PREFIX + "running_sequences", "Sequences decoding", registry=r)
+        self.queued = Gauge(PREFIX + "queued_sequences", "Requests waiting on rank 0", registry=r)
+        self.batch = Gauge(PREFIX + "batch_size", "Sequences in the last batch step", registry=r)
+        self.cache_bytes = Gauge(PREFIX + "prefix_cache_bytes", "Prefix cache size", registry=r)
+        self.cache_tokens = Gauge(
+            PREFIX + "prefix_cache_tokens", "Tokens held by the prefix cache", registry=r
+        )
+        self.cache_budget = Gauge(
+            PREFIX + "prefix_cache_budget_tokens", "The prefix cache's bound", registry=r
+        )
+        self.cache_ratio = Gauge(
+            PREFIX + "prefix_cache_hit_ratio", "Hits / lookups of the current ranks", registry=r
+        )
+        self.cache_hits = Counter(PREFIX + "prefix_cache_hits", "Prefix cache hits", registry=r)
+        self.cache_lookups = Counter(
+            PREFIX + "prefix_cache_lookups", "Prefix cache lookups", registry=r
+        )
+        self.ranks_up = Gauge(PREFIX + "ranks_up", "Ranks of the plan while serving", registry=r)
+        self.open_requests = Gauge(
+            PREFIX + "open_requests", "Requests accepted and not yet ended", registry=r
+        )
+        self.failovers = Counter(PREFIX + "failovers", "Re-plans after a lost rank", registry=r)
+        self._lock = threading.Lock()
+        self._seen_hits = self._seen_lookups = 0  # the rank's own running totals
+
+    def watch(self, ranks_up: Callable[[], int], open_requests: Callable[[], int]) -> None:
+        """Gauges read at scrape time from the cluster's state."""
+        self.ranks_up.set_function(lambda: float(ranks_up()))
+        self.open_requests.set_function(lambda: float(open_requests()))
+
+    def request(self, path: str, status: int) -> None:
+        self.requests.labels(endpoint_label(path), str(status)).inc()
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def inter_token(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def rank_event(self, event: dict[str, Any]) -> None:
+        """One of rank 0's events: token counts from `done`, figures from `stats`."""
+        name = event.get("event")
+        if name == "done":
+            self.prompt_tokens.inc(_int(event, "prompt_tokens"))
+            self.generated_tokens.inc(_int(event, "completion_tokens"))
+            self.cached_tokens.inc(_int(event, "cached_tokens"))
+        elif name == "stats":
+            self._stats(event)
+
+    def _stats(self, event: dict[str, Any]) -> None:
+        self.running.set(_int(event, "running"))
+        self.queued.set(_int(event, "queued"))
+        self.batch.set(_int(event, "batch"))
+        self.cache_bytes.set(_int(event, "prefix_cache_bytes"))
+        self.cache_tokens.set(_int(event, "prefix_cache_tokens"))
+        hits, lookups = _int(event, "prefix_cache_hits"), _int(event, "prefix_cache_lookups")
+        self.cache_ratio.set(hits / lookups if lookups else 0.0)
+        with self._lock:  # a total below the last one: new ranks, counting from 0 again
+            self.cache_hits.inc(hits - self._seen_hits if hits >= self._seen_hits else hits)
+            self.cache_lookups.inc(
+                lookups - self._seen_lookups if lookups >= self._seen_lookups else lookups
+            )
+            self._seen_hits, self._seen_lookups = hits, lookups
+
+    def ranks_down(self) -> None:
+        """The ranks are gone: nothing is decoding or queued on them any more."""
+        for gauge in (self.running, self.queued, self.batch, self.cache_bytes, self.cache_tokens):
+            gauge.set(0)
+        self.cache_ratio.set(0)
+        with self._lock:
+            self._seen_hits = self._seen_lookups = 0
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
