@@ -28,9 +28,30 @@ FAMILIES = ("llama", "qwen2", "qwen3")
 QUANT_BITS = (2, 3, 4, 6, 8)
 MARKER = "mlx-cluster-tiny-model.json"  # written first: this directory is ours to overwrite
 EOS, PAD, TURN = "<|im_end|>", "<|endoftext|>", "<|im_start|>"
+# A ChatML template with tools in the common "hermes" shape: the tool list in the system turn,
+# calls as <tool_call>{"name", "arguments"}</tool_call>, results as <tool_response> in a user
+# turn. mlx-lm recognises the shape and parses calls with its json_tools parser.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "You may call these functions:\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
+    'To call one, answer <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>'
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if tools and loop.first and m['role'] == 'system' %}"
+    "{% elif m['role'] == 'assistant' and m['tool_calls'] %}<|im_start|>assistant\n"
+    "{% if m['content'] %}{{ m['content'] }}\n{% endif %}"
+    "{% for call in m['tool_calls'] %}{% set tool_call = call['function'] %}<tool_call>\n"
+    '{"name": "{{ tool_call.name }}", "arguments": '
+    "{% if tool_call.arguments is string %}{{ tool_call.arguments }}"
+    "{% else %}{{ tool_call.arguments | tojson }}{% endif %}}\n</tool_call>\n"
+    "{% endfor %}<|im_end|>\n"
+    "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n"
+    "</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 # Training text for the tokenizer (our own words): enough variety for a few hundred merges.
 CORPUS = """\

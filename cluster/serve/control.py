@@ -23,16 +23,35 @@ HEAD_BYTES = (CONTROL_WORDS - 1) * 4
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How one sequence picks its tokens; every rank builds the same sampler and processors."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 0.0  # 0: off (1 would be neutral)
+    logit_bias: dict[str, float] = field(default_factory=dict)  # token id (as text) -> bias
+    grammar: str | None = None  # llguidance grammar the output must follow
+
+
+@dataclass(frozen=True)
 class Admit:
-    """One request joining the batch, as every rank needs it."""
+    """One sequence joining the batch, as every rank needs it."""
 
     ids: list[int]  # prompt tokens after the reused prefix
     max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
+    sampling: Sampling = field(default_factory=Sampling)
     entry: int | None = None  # prefix-cache entry to start from
     reuse: int = 0  # how many of that entry's tokens to keep
+    share_prompt: bool = False  # cache the prompt once read, however short (n > 1 choices)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Admit:
+        return cls(**{**raw, "sampling": Sampling(**raw.get("sampling", {}))})
 
 
 @dataclass(frozen=True)
@@ -52,7 +71,7 @@ class Step:
         return cls(
             steps=int(raw.get("steps", 0)),
             chunk=int(raw.get("chunk", 0)),
-            add=[Admit(**a) for a in raw.get("add", [])],
+            add=[Admit.from_json(a) for a in raw.get("add", [])],
             remove=[int(u) for u in raw.get("remove", [])],
         )
 

@@ -4,18 +4,25 @@ model pair up on every rank; nothing here talks to other ranks itself."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.serve.control import Step
 from cluster.serve.prefix_cache import PrefixCache
-from cluster.serve.sampling import request_sampler
+from cluster.serve.sampling import request_processors, request_sampler
 
 # The longest prompt chunk of a step; every step message sets the chunk (Step.chunk) below it.
 MAX_CHUNK = 2048
+WARM_UP_TOKENS = 32
+# A prompt this long enters the cache as soon as it is read, for the requests that share it
+# while it decodes; shorter ones only when they finish (an early copy costs more than it saves).
+SHARED_PROMPT_TOKENS = 256
 PREFILL_BATCH = 8  # prompts prefilled together (mlx-lm's server default --prompt-concurrency)
 
 
@@ -28,6 +35,7 @@ class Engine:
         max_running: int,
         cache_tokens: int,
     ) -> None:
+        self.tokenizer = tokenizer
         self.gen = BatchGenerator(
             model,
             stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
@@ -38,6 +46,19 @@ class Engine:
         )
         self.cache = PrefixCache(cache_tokens)
         self.active: set[int] = set()  # uids inserted and not yet finished or removed
+        self._share_prompt: set[int] = set()  # uids whose prompt is cached once read
+        self.prefill_rate = self._warm_up(model, stream)
+
+    @staticmethod
+    def _warm_up(model: nn.Module, stream: Any) -> float:
+        """One short prompt through the model on every rank before serving (its collectives
+        pair up like any forward's): kernels are ready for the first request, and rank 0
+        learns the prefill pace its first prompt chunk is sized from. Tokens per second."""
+        ids = mx.zeros((1, WARM_UP_TOKENS), dtype=mx.int32)
+        with mx.stream(stream):
+            started = time.perf_counter()
+            mx.eval(model(ids, cache=make_prompt_cache(model)))
+            return WARM_UP_TOKENS / max(time.perf_counter() - started, 1e-6)
 
     @property
     def idle(self) -> bool:
@@ -48,20 +69,25 @@ class Engine:
         if step.remove:
             self.gen.remove(step.remove)
             self.active.difference_update(step.remove)
+            self._share_prompt.difference_update(step.remove)
         if step.chunk:
             self.gen.prefill_step_size = min(step.chunk, MAX_CHUNK)
         uids = []
         for a in step.add:
             cache, head = self.cache.take(a.entry, a.reuse) if a.entry is not None else (None, [])
-            sampler = request_sampler(a.temperature, a.top_p, a.seed)
+            sampler = request_sampler(a.sampling)
+            processors = request_processors(a.sampling, self.tokenizer)
             (uid,) = self.gen.insert_segments(
                 [[a.ids]],
                 max_tokens=[a.max_tokens],
                 caches=None if cache is None else [cache],  # None: a fresh cache
                 all_tokens=[head],
                 samplers=None if sampler is None else [sampler],  # None: the shared argmax
+                logits_processors=[processors],
             )
             uids.append(uid)
+            if a.share_prompt:
+                self._share_prompt.add(uid)
         self.active.update(uids)
         return uids
 
@@ -72,7 +98,13 @@ class Engine:
         (in-flight ones with their prompt, finished ones with prompt and answer), on every rank
         at the same step."""
         prompt_responses, responses = self.gen.next()
-        prefilled = [r.uid for r in prompt_responses if r.end_of_prompt]
+        prefilled = [
+            r.uid
+            for r in prompt_responses
+            if r.end_of_prompt
+            and (r.progress[1] >= SHARED_PROMPT_TOKENS or r.uid in self._share_prompt)
+        ]
+        self._share_prompt.difference_update(prefilled)
         for cache, tokens in self.gen.extract_cache(prefilled).values():
             self.cache.insert(list(tokens), cache)
         for r in responses:

@@ -65,7 +65,15 @@ def serve(
         options.prefix_cache_tokens,
     )
     scheduler = (
-        Scheduler(tokenizer, emit, lines, engine.cache, options.max_running, MAX_CHUNK)
+        Scheduler(
+            tokenizer,
+            emit,
+            lines,
+            engine.cache,
+            options.max_running,
+            MAX_CHUNK,
+            engine.prefill_rate,
+        )
         if job.rank == 0
         else None
     )
@@ -80,11 +88,13 @@ def serve(
         uids = engine.apply(step)
         if scheduler is not None:
             scheduler.admitted(uids)
+            scheduler.flush()
         for _ in range(step.steps):
             started = time.monotonic()
             prompt_responses, responses = engine.next()
             if scheduler is not None:
                 scheduler.observe(prompt_responses, responses, time.monotonic() - started)
+                scheduler.flush()
             if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                 stage = "prompt" if prompt_responses else "decode"
                 emit("progress", stage=stage, tokens=len(responses), batch=len(engine.active))
@@ -95,6 +105,7 @@ def serve(
                 break
         if scheduler is not None:
             scheduler.stats(batch=len(engine.active))
+            scheduler.flush()
         if not step.steps and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
             emit("progress", stage="decode", tokens=0, idle=True)
             last_progress = time.monotonic()

@@ -1,8 +1,8 @@
 """Rank 0's view of one request: its line from the launcher, its prompt tokens, its output.
 
 Requests arrive as JSON lines on rank 0's stdin (launcher/serve/openai_api.py writes them);
-`{"cancel": id}` withdraws one. Output leaves as `begin` / `delta` / `done` / `request_error`
-events tagged with the request's id.
+`{"cancel": id}` withdraws one. Output leaves through output.py as events tagged with the
+request's id and the choice's index.
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from cluster.serve.constraints import GrammarError, check_grammar, json_grammar, tool_call_grammar
+from cluster.serve.control import Sampling
+
 
 class RequestError(Exception):
     """A request rank 0 cannot run (bad prompt): reported for that request, nothing broadcast."""
@@ -22,15 +25,21 @@ class RequestError(Exception):
         self.request_id = request_id
 
 
+TOOL_MODES = ("none", "auto", "forced")
+
+
 @dataclass(frozen=True)
 class Request:
     id: str
     ids: list[int]
     max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int
-    stop: list[str]
+    sampling: Sampling
+    stop: list[str] = field(default_factory=list)
+    n: int = 1  # choices: n sequences of the batch sharing the prompt
+    logprobs: int | None = None  # top alternatives per token (0: the chosen only; None: off)
+    tools: list[dict[str, Any]] | None = None
+    tool_mode: str = "none"  # auto: parse the model's calls; forced: the grammar makes calls
+    count_only: bool = False  # only count the prompt's tokens
 
 
 @dataclass(frozen=True)
@@ -39,12 +48,16 @@ class Cancel:
 
 
 def prompt_ids(request: dict[str, Any], tokenizer: TokenizerWrapper) -> list[int]:
-    """Chat messages through the model's chat template; a raw prompt as mlx-lm encodes it."""
+    """Chat messages (and tools) through the model's chat template; a raw prompt as mlx-lm
+    encodes it."""
     if request.get("messages") is not None:
         if not tokenizer.has_chat_template:
             raise RequestError("this model has no chat template: use /v1/completions")
+        extra = {"tools": request["tools"]} if request.get("tools") else {}
         try:
-            ids = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True)
+            ids = tokenizer.apply_chat_template(
+                request["messages"], add_generation_prompt=True, **extra
+            )
         except Exception as e:  # a template may reject roles or orderings
             raise RequestError(f"the chat template rejected the messages: {e}") from None
         return [int(i) for i in ids]
@@ -62,6 +75,60 @@ def prompt_ids(request: dict[str, Any], tokenizer: TokenizerWrapper) -> list[int
     )
 
 
+def _json_tool_markers(tokenizer: TokenizerWrapper) -> tuple[str | None, str | None]:
+    """The model's call markers when its calls are {"name", "arguments"} JSON between them
+    (mlx-lm's json_tools format); else none: a forced call is then the bare JSON object."""
+    parser = tokenizer.tool_parser
+    if parser is not None and getattr(parser, "__module__", "").endswith(".json_tools"):
+        return tokenizer.tool_call_start, tokenizer.tool_call_end
+    return None, None
+
+
+def _tools(raw: dict[str, Any], tokenizer: TokenizerWrapper) -> tuple[str, str | None]:
+    """(tool mode, the grammar forcing calls or None)."""
+    tools = raw.get("tools") or []
+    choice: Any = raw.get("tool_choice") or "auto"  # "auto" | "none" | "required" | {"name"}
+    if not tools or choice == "none":
+        return "none", None
+    if choice == "auto":
+        return ("auto" if tokenizer.has_tool_calling else "none"), None
+    if choice == "required":
+        names = [t["function"]["name"] for t in tools if t.get("function")]
+    else:
+        names = [str(choice["name"])]
+    start, end = _json_tool_markers(tokenizer)
+    many = bool(raw.get("parallel_tool_calls", True)) and choice == "required"
+    return "forced", tool_call_grammar(tools, names, start, end, many)
+
+
+def _grammar(raw: dict[str, Any], tokenizer: TokenizerWrapper) -> tuple[str, str | None]:
+    mode, grammar = _tools(raw, tokenizer)
+    fmt = raw.get("response_format") or {}
+    if grammar is None and fmt.get("type") == "json_schema":
+        grammar = json_grammar(fmt.get("schema") or {})
+    elif grammar is None and fmt.get("type") == "json_object":
+        grammar = json_grammar(None)
+    if grammar is not None:
+        check_grammar(grammar, tokenizer)
+    return mode, grammar
+
+
+def _sampling(raw: dict[str, Any], grammar: str | None) -> Sampling:
+    bias = raw.get("logit_bias") or {}
+    return Sampling(
+        temperature=float(raw["temperature"]),
+        top_p=float(raw["top_p"]),
+        top_k=int(raw.get("top_k") or 0),
+        min_p=float(raw.get("min_p") or 0.0),
+        seed=int(raw["seed"]),
+        presence_penalty=float(raw.get("presence_penalty") or 0.0),
+        frequency_penalty=float(raw.get("frequency_penalty") or 0.0),
+        repetition_penalty=float(raw.get("repetition_penalty") or 0.0),
+        logit_bias={str(int(k)): float(v) for k, v in bias.items()},
+        grammar=grammar,
+    )
+
+
 def parse_line(line: str, tokenizer: TokenizerWrapper) -> Request | Cancel:
     """One stdin line → a request or a cancel; RequestError (with the id when known) if bad."""
     request_id = ""
@@ -73,15 +140,23 @@ def parse_line(line: str, tokenizer: TokenizerWrapper) -> Request | Cancel:
         ids = prompt_ids(raw, tokenizer)
         if not ids:
             raise RequestError("the prompt is empty after tokenization")
+        if raw.get("count_only"):
+            return Request(request_id, ids, 0, Sampling(), count_only=True)
+        mode, grammar = _grammar(raw, tokenizer)
+        logprobs = raw.get("logprobs")
         return Request(
             id=request_id,
             ids=ids,
             max_tokens=int(raw["max_tokens"]),
-            temperature=float(raw["temperature"]),
-            top_p=float(raw["top_p"]),
-            seed=int(raw["seed"]),
+            sampling=_sampling(raw, grammar),
             stop=[str(s) for s in raw.get("stop") or []],
+            n=max(1, int(raw.get("n") or 1)),
+            logprobs=None if logprobs is None else int(logprobs),
+            tools=raw.get("tools") or None,
+            tool_mode=mode,
         )
+    except GrammarError as e:
+        raise RequestError(f"response_format / tools: {e}", request_id) from None
     except RequestError as e:
         raise RequestError(str(e), request_id) from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -95,14 +170,16 @@ class StopScanner:
     def __init__(self, stops: list[str]) -> None:
         self.stops = [s for s in stops if s]
         self.pending = ""  # text not sent yet: it may be the start of a stop string
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, piece: str) -> tuple[str, bool]:
         """(text safe to send now, whether a stop string ended the text)."""
         text = self.pending + piece
-        hits = [i for s in self.stops if (i := text.find(s)) >= 0]
+        hits = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
         if hits:
+            first, self.matched = min(hits, key=lambda h: h[0])
             self.pending = ""
-            return text[: min(hits)], True
+            return text[:first], True
         hold = 0
         for s in self.stops:
             for k in range(min(len(s) - 1, len(text)), hold, -1):
@@ -115,15 +192,3 @@ class StopScanner:
     def flush(self) -> str:
         out, self.pending = self.pending, ""
         return out
-
-
-@dataclass
-class Output:
-    """What rank 0 tracks of a request while it is in the batch."""
-
-    request: Request
-    cached: int  # prompt tokens taken from the prefix cache
-    detokenizer: Any
-    scanner: StopScanner
-    tokens: list[int] = field(default_factory=list)  # completion token ids so far
-    finished: bool = False  # done was sent (a stop string ends it before the batch does)

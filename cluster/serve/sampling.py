@@ -12,22 +12,46 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_p
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from cluster.serve.constraints import GrammarProcessor
+from cluster.serve.control import Sampling
 
 Sampler = Callable[[mx.array], mx.array]
+Processor = Callable[[mx.array, mx.array], mx.array]
 
 
-def request_sampler(temperature: float, top_p: float, seed: int) -> Sampler | None:
-    """None for greedy (the batch's shared argmax), else a sampler with its own key."""
-    if temperature <= 0:
+def request_sampler(s: Sampling) -> Sampler | None:
+    """None for greedy (the batch's shared argmax), else a sampler with its own key. The
+    filters run in mlx-lm's order (top-p, min-p, top-k) with mlx-lm's own functions."""
+    if s.temperature <= 0:
         return None
-    key = mx.random.key(seed)
+    key = mx.random.key(s.seed)
 
     def sample(logprobs: mx.array) -> mx.array:
         nonlocal key
         key, draw = mx.random.split(key)
-        if 0 < top_p < 1:
-            logprobs = apply_top_p(logprobs, top_p)
-        return mx.random.categorical(logprobs * (1 / temperature), key=draw)
+        if 0 < s.top_p < 1:
+            logprobs = apply_top_p(logprobs, s.top_p)
+        if s.min_p > 0:
+            logprobs = apply_min_p(logprobs, s.min_p)
+        if s.top_k > 0:
+            logprobs = apply_top_k(logprobs, s.top_k)
+        return mx.random.categorical(logprobs * (1 / s.temperature), key=draw)
 
     return sample
+
+
+def request_processors(s: Sampling, tokenizer: TokenizerWrapper) -> list[Processor]:
+    """mlx-lm's own penalty and bias processors, then the grammar's mask (last, so nothing
+    can lift a token the grammar forbids)."""
+    processors: list[Processor] = make_logits_processors(
+        {int(k): v for k, v in s.logit_bias.items()} or None,
+        s.repetition_penalty or None,
+        presence_penalty=s.presence_penalty or None,
+        frequency_penalty=s.frequency_penalty or None,
+    )
+    if s.grammar is not None:
+        processors.append(GrammarProcessor(s.grammar, tokenizer))
+    return processors

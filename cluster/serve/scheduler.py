@@ -14,23 +14,25 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.serve.control import Admit, Step
 from cluster.serve.engine import PREFILL_BATCH
+from cluster.serve.output import ChoiceOutput
 from cluster.serve.prefix_cache import PrefixCache
-from cluster.serve.requests import Cancel, Output, Request, RequestError, StopScanner, parse_line
+from cluster.serve.requests import Cancel, Request, RequestError, parse_line
 
 Emit = Callable[..., None]
+Choice = tuple[Request, int]  # a request and the index of one of its n choices
 
 TICK_S = 1.0  # an idle rank 0 shares a no-op this often: every rank keeps reporting progress
-LEASE_S = 0.1  # the longest a decision waits while the batch runs
+LEASE_S = 0.25  # the longest a decision waits while the batch runs (mlx-lm: ~0.5 s)
 MAX_LEASE_STEPS = 64
 PREFILL_TARGET_S = 0.5  # one step of prefill takes about this long
 MIN_CHUNK = 16
-FIRST_STEP_TOKENS = 64  # prompt tokens in the first prefill step, before the pace is known
 STATS_EVERY_S = 1.0
 
 
@@ -43,18 +45,24 @@ class Scheduler:
         cache: PrefixCache,
         max_running: int,
         max_chunk: int,
+        prefill_rate: float,
     ) -> None:
-        self.tokenizer, self.emit, self.lines, self.cache = tokenizer, emit, lines, cache
+        self.tokenizer, self.lines, self.cache = tokenizer, lines, cache
+        self._emit = emit
+        self._out: list[dict[str, Any]] = []  # request events wait here for flush()
         self.max_running, self.max_chunk = max_running, max_chunk
-        self.pending: deque[Request] = deque()
-        self.running: dict[int, Output] = {}  # batch uid -> the request it serves
+        self.pending: deque[Choice] = deque()
+        self.running: dict[int, ChoiceOutput] = {}  # batch uid -> the choice it serves
+        # Choices 1..n-1 of a request wait until choice 0's prompt is read and cached: they
+        # then start from it (n sequences sharing the prompt's prefix).
+        self.siblings: dict[int, list[Choice]] = {}
         self.remaining: dict[int, int] = {}  # batch uid -> tokens until max_tokens
         self.leaving: list[int] = []  # uids to take out at the next decision
         self.prefilling: set[int] = set()  # uids whose prompt is still being read
         self.step_s = 0.0  # recent decode step time (EMA); 0 until measured
-        self.prefill_rate = 0.0  # prompt tokens per second (EMA); 0 until measured
+        self.prefill_rate = prefill_rate  # prompt tokens per second (EMA; first: the warm-up)
         self._read: dict[int, int] = {}  # uid -> prompt tokens read so far
-        self._admitted: list[tuple[Request, int]] = []  # this decision's requests, with reuse
+        self._admitted: list[tuple[Choice, int]] = []  # this decision's choices, with reuse
         self._last_stats = 0.0
 
     # --- deciding -------------------------------------------------------------------------------
@@ -65,21 +73,17 @@ class Scheduler:
         add: list[Admit] = []
         self._admitted = []
         while self.pending and len(self.running) + len(add) < self.max_running:
-            request = self.pending.popleft()
+            choice = self.pending.popleft()
+            request, index = choice
             hit = self.cache.lookup(request.ids)
             entry, reuse = hit if hit is not None else (None, 0)
+            # Each choice draws from its own key: the request's seed, stepped by the index.
+            sampling = replace(request.sampling, seed=request.sampling.seed + index)
+            share = index == 0 and request.n > 1  # the other choices start from its prompt
             add.append(
-                Admit(
-                    ids=request.ids[reuse:],
-                    max_tokens=request.max_tokens,
-                    temperature=request.temperature,
-                    top_p=request.top_p,
-                    seed=request.seed,
-                    entry=entry,
-                    reuse=reuse,
-                )
+                Admit(request.ids[reuse:], request.max_tokens, sampling, entry, reuse, share)
             )
-            self._admitted.append((request, reuse))
+            self._admitted.append((choice, reuse))
         leaving, self.leaving = self.leaving, []
         steps = self._lease(len(add)) if self.running or add else 0
         return Step(steps=steps, chunk=self._chunk(len(add)), add=add, remove=leaving).encode()
@@ -96,7 +100,7 @@ class Scheduler:
         """Prompt tokens per sequence in the next step: a prefill step of all the prompts being
         read takes about PREFILL_TARGET_S at the measured pace."""
         prompts = max(1, min(len(self.prefilling) + joining, PREFILL_BATCH))
-        budget = self.prefill_rate * PREFILL_TARGET_S if self.prefill_rate else FIRST_STEP_TOKENS
+        budget = self.prefill_rate * PREFILL_TARGET_S
         return max(MIN_CHUNK, min(self.max_chunk, int(budget / prompts)))
 
     def _intake(self, block_s: float) -> None:
@@ -117,11 +121,21 @@ class Scheduler:
                 continue
             if isinstance(item, Cancel):
                 self._cancel(item.id)
+            elif item.count_only:  # /v1/messages/count_tokens: nothing to run
+                self.emit(
+                    "done",
+                    id=item.id,
+                    index=0,
+                    finish_reason="count",
+                    prompt_tokens=len(item.ids),
+                    completion_tokens=0,
+                    cached_tokens=0,
+                )
             else:
-                self.pending.append(item)
+                self.pending.append((item, 0))
 
     def _cancel(self, request_id: str) -> None:
-        self.pending = deque(r for r in self.pending if r.id != request_id)
+        self.pending = deque(c for c in self.pending if c[0].id != request_id)
         for uid, out in list(self.running.items()):
             if out.request.id == request_id:
                 self._leave(uid)
@@ -131,86 +145,82 @@ class Scheduler:
         self.leaving.append(uid)
 
     def _forget(self, uid: int) -> None:
+        self._release(uid)
         self.running.pop(uid, None)
         self.remaining.pop(uid, None)
         self.prefilling.discard(uid)
         self._read.pop(uid, None)
 
+    def emit(self, event: str, **fields: Any) -> None:
+        self._out.append({"event": event, **fields})
+
+    def flush(self) -> None:
+        """This step's request events, as one line: a write and a parse per step, not per
+        token and request."""
+        out, self._out = self._out, []
+        if len(out) == 1:
+            self._emit(out[0].pop("event"), **out[0])
+        elif out:
+            self._emit("batch", events=out)
+
+    def _release(self, uid: int) -> None:
+        """Choice 0's prompt is in the cache (or it left): its siblings go first in line."""
+        self.pending.extendleft(reversed(self.siblings.pop(uid, [])))
+
     def admitted(self, uids: list[int]) -> None:
-        """The batch took this decision's requests as `uids` (in order)."""
-        for uid, (request, reuse) in zip(uids, self._admitted, strict=True):
-            self.running[uid] = Output(
-                request, reuse, self.tokenizer.detokenizer, StopScanner(request.stop)
-            )
+        """The batch took this decision's choices as `uids` (in order)."""
+        for uid, ((request, index), reuse) in zip(uids, self._admitted, strict=True):
+            self.running[uid] = ChoiceOutput(request, index, reuse, self.tokenizer, self.emit)
             self.remaining[uid] = request.max_tokens
             self.prefilling.add(uid)
-            self.emit("begin", id=request.id, prompt_tokens=len(request.ids), cached_tokens=reuse)
+            if index == 0 and request.n > 1:
+                self.siblings[uid] = [(request, i) for i in range(1, request.n)]
+            self.emit(
+                "begin",
+                id=request.id,
+                index=index,
+                prompt_tokens=len(request.ids),
+                cached_tokens=reuse,
+            )
 
     # --- observing ------------------------------------------------------------------------------
     def observe(self, prompt_responses: list[Any], responses: list[Any], took_s: float) -> None:
-        """One step's results: text to the clients, finished requests, the step's pace."""
+        """One step's results: text to the clients, finished choices, the step's pace."""
         read = 0
         for r in prompt_responses:
             read += r.progress[0] - self._read.get(r.uid, 0)
             self._read[r.uid] = r.progress[0]
-            if (out := self.running.get(r.uid)) is not None and not r.end_of_prompt:
-                # The request's own sign of life while its prompt is read (minutes, maybe).
-                total = r.progress[1] + out.cached
-                self.emit(
-                    "prompt_progress",
-                    id=out.request.id,
-                    read=r.progress[0] + out.cached,
-                    total=total,
-                )
+            out = self.running.get(r.uid)
             if r.end_of_prompt:
                 self.prefilling.discard(r.uid)
                 self._read.pop(r.uid, None)
+                self._release(r.uid)
+            elif out is not None:  # the request's own sign of life while its prompt is read
+                self.emit(
+                    "prompt_progress",
+                    id=out.request.id,
+                    index=out.index,
+                    read=r.progress[0] + out.cached,
+                    total=r.progress[1] + out.cached,
+                )
         for r in responses:
             out = self.running.get(r.uid)
-            if out is not None:
-                self._token(r.uid, out, r.token, r.finish_reason)
+            if out is None:
+                continue
+            self.remaining[r.uid] = self.remaining.get(r.uid, 1) - 1
+            stopped = out.token(r.token, r.finish_reason, r.logprobs)
+            if stopped:  # a stop string: done for the client now, out of the batch next step
+                self._leave(r.uid)
+            elif r.finish_reason is not None:
+                self._forget(r.uid)
         self._pace(read, bool(responses), took_s)
-
-    def _token(self, uid: int, out: Output, token: int, finish: str | None) -> None:
-        self.remaining[uid] = self.remaining.get(uid, 1) - 1
-        detok = out.detokenizer
-        if finish != "stop":  # a "stop" step carries the end-of-turn token: not text
-            out.tokens.append(token)
-            detok.add_token(token)
-        if finish is not None:
-            detok.finalize()
-        piece, stopped = out.scanner.feed(detok.last_segment)
-        if piece:
-            self.emit("delta", id=out.request.id, text=piece)
-        if stopped:  # a stop string: done for the client now, out of the batch at the next step
-            self._done(out, "stop")
-            self._leave(uid)
-        elif finish is not None:
-            if rest := out.scanner.flush():
-                self.emit("delta", id=out.request.id, text=rest)
-            self._done(out, finish)
-            self._forget(uid)
-
-    def _done(self, out: Output, finish: str) -> None:
-        self.emit(
-            "done",
-            id=out.request.id,
-            finish_reason=finish,
-            prompt_tokens=len(out.request.ids),
-            completion_tokens=len(out.tokens),
-            cached_tokens=out.cached,
-            token_ids=out.tokens,
-        )
 
     def _pace(self, read: int, decoding: bool, took_s: float) -> None:
         took_s = max(took_s, 1e-4)
         if read:
-            rate = read / took_s
-            self.prefill_rate = (
-                rate if not self.prefill_rate else 0.5 * self.prefill_rate + 0.5 * rate
-            )
+            self.prefill_rate = _ema(self.prefill_rate, read / took_s, 0.5)
         elif decoding:
-            self.step_s = took_s if self.step_s <= 0 else 0.8 * self.step_s + 0.2 * took_s
+            self.step_s = _ema(self.step_s, took_s, 0.2)
 
     def stats(self, batch: int) -> None:
         """A `stats` event at most every STATS_EVERY_S (the launcher's /metrics)."""

@@ -41,7 +41,7 @@ class ServeCluster:
             rank0 = runner.rank0
             if runner.status != "ready" or rank0 is None:
                 raise Unavailable(runner.reason)
-            ticket = self.tickets.open(new_id(request.kind), loop)
+            ticket = self.tickets.open(new_id(request.kind), loop, choices=request.n)
         line = request.rank_line(ticket.id, seed=random.randrange(2**31))
         with self._send_lock:  # one writer at a time: lines must not interleave
             sent = rank0.send_line(line)

@@ -1,12 +1,14 @@
 """The HTTP side of `mlx-cluster serve`: a Starlette app under uvicorn, in a thread of the launcher.
 
 Routes: GET /health and GET /metrics (no key needed: for load balancers and scrapers), GET
-/v1/models[/{id}], POST /v1/chat/completions and POST /v1/completions (streamed as server-sent
-events when asked). Every error is OpenAI's error object with its status. Admission: up to
---max-concurrency requests decode at once and --max-queue more wait on rank 0; beyond that, 429
-at once (OpenAI clients retry 429 by themselves). A request waits on an asyncio queue fed by
-rank 0's events (tickets.py), never holding a thread; a client that disconnects — mid-stream or
-while a whole answer is being made — has its request withdrawn from the ranks (cancel).
+/v1/models[/{id}], POST /v1/chat/completions and POST /v1/completions (OpenAI), POST
+/v1/messages and POST /v1/messages/count_tokens (Anthropic); answers are streamed as server-sent
+events when asked. Every error is the route's API's error object with its status (Anthropic's
+under /v1/messages, OpenAI's elsewhere). Admission: up to --max-concurrency requests decode at
+once and --max-queue more wait on rank 0; beyond that, 429 at once (both SDKs retry 429 by
+themselves). A request waits on an asyncio queue fed by rank 0's events (tickets.py), never
+holding a thread; a client that disconnects — mid-stream or while a whole answer is being made —
+has its request withdrawn from the ranks (cancel).
 """
 
 from __future__ import annotations
@@ -14,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -30,26 +31,42 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from launcher.serve import anthropic_api
+from launcher.serve.anthropic_api import parse_count_tokens, parse_messages
+from launcher.serve.anthropic_bodies import AnthropicAnswer, CountAnswer
 from launcher.serve.cluster import ServeCluster
 from launcher.serve.metrics import CONTENT_TYPE, ServeMetrics
-from launcher.serve.openai_api import (
-    ApiError,
-    GenerateRequest,
-    chunk_body,
-    done_usage,
-    models_body,
-    parse_chat,
-    parse_completion,
-    response_body,
-    usage,
-)
-from launcher.serve.tickets import FINAL_EVENTS, Busy, Event, Ticket, Unavailable
+from launcher.serve.openai_api import parse_chat, parse_completion
+from launcher.serve.openai_bodies import OpenAIAnswer, models_body
+from launcher.serve.request_api import ApiError, GenerateRequest
+from launcher.serve.tickets import Busy, Event, Ticket, Unavailable
 
 MAX_BODY_BYTES = 16 << 20
 GONE_STATUS = 499  # what /metrics counts for a client that left before its answer (nginx's)
 SHUTDOWN_GRACE_S = 3  # open connections get this long once serve stops
+ANTHROPIC_ROUTES = "/v1/messages"  # and everything under it
 T = TypeVar("T")
 Log = Callable[[str], None]
+
+
+class Answer(Protocol):
+    """One request's answer in its API's shapes (openai_bodies.py, anthropic_bodies.py)."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    def opening(self) -> list[bytes]: ...
+
+    def feed(self, event: Event) -> list[bytes]: ...
+
+    def closing(self) -> list[bytes]: ...
+
+    def failure(self, error: dict[str, Any]) -> list[bytes]: ...
+
+    def body(self) -> dict[str, Any]: ...
+
+
+MakeAnswer = Callable[[GenerateRequest, str, str], Answer]
 
 
 class _Gone(Exception):
@@ -60,22 +77,26 @@ def _unavailable(message: str) -> ApiError:
     return ApiError(503, message, "server_error", code="cluster_unavailable")
 
 
-def _error(e: ApiError) -> JSONResponse:
+def _is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_ROUTES or path.startswith(ANTHROPIC_ROUTES + "/")
+
+
+def _error_body(e: ApiError, path: str) -> dict[str, Any]:
+    return anthropic_api.error_body(e) if _is_anthropic(path) else e.body()
+
+
+def _error(e: ApiError, path: str) -> JSONResponse:
     headers = {"Connection": "close"} if e.status in (411, 413) else None  # body left unread
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+    return JSONResponse(_error_body(e, path), status_code=e.status, headers=headers)
 
 
 def _check_first(event: Event) -> None:
     """Rank 0 has taken the request or refused it: a refusal still gets its own status."""
     name = event.get("event")
-    if name == "request_error":
+    if name == "request_error":  # its message names what (a schema feature, a template error)
         raise ApiError(400, str(event.get("message")), code="bad_prompt")
     if name == "failed":
         raise _unavailable(str(event.get("message")))
-
-
-def _sse(body: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -105,6 +126,8 @@ class ServeApp:
             Route("/v1/models/{name:path}", self._model, methods=["GET"]),
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/completions", self._completion, methods=["POST"]),
+            Route("/v1/messages", self._messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
         ]
         handlers: dict[Any, Callable[[Request, Exception], Any]] = {
             ApiError: self._api_error,
@@ -135,40 +158,45 @@ class ServeApp:
         finally:
             self.metrics.request(path, status)
 
-    async def _api_error(self, _request: Request, e: Exception) -> Response:
+    async def _api_error(self, request: Request, e: Exception) -> Response:
         assert isinstance(e, ApiError)
-        return _error(e)
+        return _error(e, request.url.path)
 
     async def _http_error(self, request: Request, e: Exception) -> Response:
-        """Starlette's own 404 / 405, as OpenAI error objects."""
+        """Starlette's own 404 / 405, as the route's API's error objects."""
         assert isinstance(e, HTTPException)
         method, path = request.method, request.url.path.rstrip("/") or "/"
         if e.status_code == 405:
             allow = (e.headers or {}).get("Allow", "")
             takes = allow.split(",")[0].strip()  # GET routes also take HEAD: name the first
-            answer = _error(
-                ApiError(405, f"{path} takes {takes}, not {method}", code="method_not_allowed")
-            )
+            message = f"{path} takes {takes}, not {method}"
+            answer = _error(ApiError(405, message, code="method_not_allowed"), path)
             answer.headers["Allow"] = allow
             return answer
         if e.status_code == 404:
-            return _error(ApiError(404, f"no route for {method} {path}", code="not_found"))
-        return _error(ApiError(e.status_code, str(e.detail)))
+            return _error(ApiError(404, f"no route for {method} {path}", code="not_found"), path)
+        return _error(ApiError(e.status_code, str(e.detail)), path)
 
-    async def _internal_error(self, _request: Request, e: Exception) -> Response:
+    async def _internal_error(self, request: Request, e: Exception) -> Response:
         message = f"internal error: {type(e).__name__}: {e}"
-        return _error(ApiError(500, message, "server_error", code="internal_error"))
+        error = ApiError(500, message, "server_error", code="internal_error")
+        return _error(error, request.url.path)
 
     def _check_key(self, request: Request) -> None:
+        """With --api-key: `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY`
+        (Anthropic's), on every route that needs a key."""
         key = self.api_key
         if key is None:
             return
         given = request.headers.get("Authorization", "")
         token = given.removeprefix("Bearer ").strip() if given.startswith("Bearer ") else ""
+        token = token or request.headers.get("x-api-key", "").strip()
         if not hmac.compare_digest(token.encode(), key.encode()):
             what = "no API key given" if not token else "incorrect API key"
             raise ApiError(
-                401, f"{what}: send 'Authorization: Bearer <--api-key>'", code="invalid_api_key"
+                401,
+                f"{what}: send 'Authorization: Bearer <--api-key>' or 'x-api-key: <--api-key>'",
+                code="invalid_api_key",
             )
 
     async def _body(self, request: Request) -> bytes:
@@ -199,12 +227,24 @@ class ServeApp:
         return JSONResponse(models_body(self.model_id, self.created)["data"][0])
 
     async def _chat(self, request: Request) -> Response:
-        return await self._generate(request, parse_chat(await self._body(request)))
+        generate = parse_chat(await self._body(request))
+        return await self._generate(request, generate, OpenAIAnswer)
 
     async def _completion(self, request: Request) -> Response:
-        return await self._generate(request, parse_completion(await self._body(request)))
+        generate = parse_completion(await self._body(request))
+        return await self._generate(request, generate, OpenAIAnswer)
 
-    async def _generate(self, request: Request, generate: GenerateRequest) -> Response:
+    async def _messages(self, request: Request) -> Response:
+        generate = parse_messages(await self._body(request))
+        return await self._generate(request, generate, AnthropicAnswer)
+
+    async def _count_tokens(self, request: Request) -> Response:
+        generate = parse_count_tokens(await self._body(request))
+        return await self._generate(request, generate, CountAnswer)
+
+    async def _generate(
+        self, request: Request, generate: GenerateRequest, make: MakeAnswer
+    ) -> Response:
         loop = asyncio.get_running_loop()
         try:  # a pipe write to rank 0: off the event loop
             ticket = await run_in_threadpool(self.cluster.submit, generate, loop)
@@ -212,16 +252,17 @@ class ServeApp:
             raise _unavailable(f"the cluster is not serving: {e}") from None
         except Busy as e:
             raise ApiError(429, str(e), "rate_limit_error", code="too_many_requests") from None
+        answer = make(generate, ticket.id, self.model_id)
         streaming = False
         try:
             first = await self._unless_gone(request, self.cluster.next_event(ticket))
             _check_first(first)
             if generate.stream:
                 streaming = True  # from here on the stream owns the ticket
-                events = self._stream(generate, ticket, first)
+                events = self._stream(answer, ticket, first, request.url.path)
                 headers = {"Cache-Control": "no-cache"}
                 return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-            body = await self._unless_gone(request, self._collect(generate, ticket, first))
+            body = await self._unless_gone(request, self._collect(answer, ticket, first))
             return JSONResponse(body)
         except _Gone:
             return Response(status_code=GONE_STATUS)  # nobody reads it
@@ -250,45 +291,36 @@ class ServeApp:
         with contextlib.suppress(RuntimeError):  # the loop is closing: the ranks go too
             asyncio.get_running_loop().run_in_executor(None, self.cluster.cancel, ticket)
 
-    async def _collect(self, generate: GenerateRequest, ticket: Ticket, event: Event) -> Any:
-        text, finish, counts = "", "stop", usage(0, 0)
+    async def _collect(self, answer: Answer, ticket: Ticket, event: Event) -> dict[str, Any]:
         while True:
-            name = event.get("event")
-            if name == "delta":
-                text += str(event.get("text", ""))
-            elif name == "done":
-                finish, counts = str(event.get("finish_reason")), done_usage(event)
-            elif name in ("failed", "request_error"):
+            if event.get("event") in ("failed", "request_error"):
                 raise _unavailable(f"the request failed: {event.get('message')}")
-            if name in FINAL_EVENTS:
-                break
+            answer.feed(event)
+            if answer.finished:
+                return answer.body()
             event = await self.cluster.next_event(ticket)
-        return response_body(generate.kind, ticket.id, self.model_id, text, finish, counts)
 
     async def _stream(
-        self, generate: GenerateRequest, ticket: Ticket, event: Event
+        self, answer: Answer, ticket: Ticket, event: Event, path: str
     ) -> AsyncIterator[bytes]:
         """The SSE body. Starlette cancels it when the client disconnects: then the request
         is withdrawn from the ranks."""
-        kind, model, rid = generate.kind, self.model_id, ticket.id
         ended = False
         try:
-            if kind == "chat":
-                yield _sse(chunk_body(kind, rid, model, "", first=True))
+            for frame in answer.opening():
+                yield frame
             while True:
-                name = event.get("event")
-                if name == "delta":
-                    yield _sse(chunk_body(kind, rid, model, str(event.get("text", ""))))
-                elif name == "done":
-                    yield _sse(chunk_body(kind, rid, model, None, str(event.get("finish_reason"))))
-                    if generate.include_usage:
-                        yield _sse(chunk_body(kind, rid, model, None, counts=done_usage(event)))
-                    yield b"data: [DONE]\n\n"
-                elif name in ("failed", "request_error"):
-                    yield _sse(_unavailable(f"the request failed: {event.get('message')}").body())
-                elif name == "prompt_progress":  # an SSE comment: proxies see a live stream
-                    yield b": prompt %d/%d\n\n" % (int(event["read"]), int(event["total"]))
-                if name in FINAL_EVENTS:
+                if event.get("event") in ("failed", "request_error"):
+                    error = _unavailable(f"the request failed: {event.get('message')}")
+                    for frame in answer.failure(_error_body(error, path)):
+                        yield frame
+                    ended = True
+                    return
+                for frame in answer.feed(event):
+                    yield frame
+                if answer.finished:
+                    for frame in answer.closing():
+                        yield frame
                     ended = True
                     return
                 event = await self.cluster.next_event(ticket)

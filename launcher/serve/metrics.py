@@ -22,7 +22,15 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # The routes /metrics names; anything else is "other" (a label per unknown path would let any
 # client grow the registry without bound).
-ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
+ENDPOINTS = (
+    "/health",
+    "/metrics",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+)
 MODEL_ENDPOINT = "/v1/models/{id}"
 
 
@@ -102,7 +110,7 @@ class ServeMetrics:
     def rank_event(self, event: dict[str, Any]) -> None:
         """One of rank 0's events: token counts from `done`, figures from `stats`."""
         name = event.get("event")
-        if name == "done":
+        if name == "done" and event.get("finish_reason") != "count":  # count_tokens runs nothing
             self.prompt_tokens.inc(_int(event, "prompt_tokens"))
             self.generated_tokens.inc(_int(event, "completion_tokens"))
             self.cached_tokens.inc(_int(event, "cached_tokens"))

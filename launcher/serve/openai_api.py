@@ -1,193 +1,312 @@
-"""The OpenAI-compatible surface of `mlx-cluster serve`: request checks and response bodies.
+"""The OpenAI requests of `mlx-cluster serve`: /v1/chat/completions and /v1/completions bodies
+checked into GenerateRequest (request_api.py); the answers' shapes are openai_bodies.py.
 
-Pure functions of the request JSON: nothing here talks to ranks or sockets. A bad body raises
-ApiError, which the HTTP layer turns into OpenAI's error object
-{"error": {"message", "type", "param", "code"}} with the matching status.
+Pure functions of the request JSON: a bad body raises ApiError naming the field, which the HTTP
+layer turns into OpenAI's error object {"error": {"message", "type", "param", "code"}}.
 Sampling defaults follow OpenAI's: temperature 1, top_p 1, max_tokens 16 for completions.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from dataclasses import dataclass
+import math
 from typing import Any
+
+from launcher.serve.request_api import (
+    ApiError,
+    GenerateRequest,
+    ToolChoice,
+    arguments_value,
+    bad,
+    checked_choice,
+    integer,
+    new_id,
+    number,
+    parse_body,
+    string_list,
+    tool_name,
+)
+
+__all__ = ["ApiError", "GenerateRequest", "new_id", "parse_chat", "parse_completion"]
 
 CHAT_MAX_TOKENS = 512  # OpenAI has no fixed chat default; mlx-lm's server uses 512
 COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 MAX_STOP_STRINGS = 4  # as OpenAI
+MAX_CHOICES = 8  # n: each choice is one more sequence in the batch
+MAX_TOP_LOGPROBS = {"chat": 20, "completion": 5}  # as OpenAI
+MAX_TOOLS = 128  # as OpenAI
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Accepted only at their neutral value: anything else would change the answer unannounced.
-NEUTRAL = {
-    "n": 1,
+NEUTRAL: dict[str, Any] = {
     "best_of": 1,
     "echo": False,
-    "logprobs": None,
-    "top_logprobs": None,
     "suffix": None,
+    "functions": None,
+    "function_call": None,
+    "audio": None,
+}
+# Chat-only options: /v1/completions refuses them unless neutral (as it always has).
+COMPLETION_NEUTRAL: dict[str, Any] = {
+    "n": 1,
+    "top_logprobs": None,
     "tools": None,
     "tool_choice": None,
-    "functions": None,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
+}
+# Content parts other than text, and what they are, for the 400 that refuses them.
+REFUSED_PARTS = {
+    "image_url": "images",
+    "image": "images",
+    "input_image": "images",
+    "input_audio": "audio",
+    "audio": "audio",
+    "file": "files",
+    "input_file": "files",
 }
 
 
-class ApiError(Exception):
-    """An error answer: HTTP status plus OpenAI's error object."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-        self.type, self.param, self.code = type_, param, code
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
+def _refuse_non_neutral(raw: dict[str, Any], neutral: dict[str, Any]) -> None:
+    for name, value in neutral.items():
+        if raw.get(name) not in (None, value):
+            raise bad(f"'{name}' is not supported by mlx-cluster serve (leave it out)", name)
 
 
-def error_body(
-    message: str,
-    type_: str = "invalid_request_error",
-    param: str | None = None,
-    code: str | None = None,
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+def _penalty(raw: dict[str, Any], name: str) -> float:
+    return number(raw, name, 0.0, -2.0, 2.0)
 
 
-def _bad(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param)
-
-
-@dataclass(frozen=True)
-class GenerateRequest:
-    """One checked request, as rank 0 needs it (plus how to answer)."""
-
-    kind: str  # "chat" | "completion"
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop: tuple[str, ...]
-    stream: bool
-    include_usage: bool
-    messages: tuple[dict[str, str], ...] | None = None
-    prompt: str | None = None
-    prompt_ids: tuple[int, ...] | None = None
-
-    def rank_line(self, request_id: str, seed: int) -> str:
-        """The JSON line for rank 0's stdin (cluster/serve/requests.py reads it)."""
-        raw = {
-            "id": request_id,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "seed": seed if self.seed is None else self.seed,
-            "stop": list(self.stop),
-            "messages": None if self.messages is None else list(self.messages),
-            "prompt": self.prompt,
-            "prompt_ids": None if self.prompt_ids is None else list(self.prompt_ids),
-        }
-        return json.dumps(raw, separators=(",", ":")) + "\n"
-
-
-def parse_body(body: bytes) -> dict[str, Any]:
-    try:
-        raw = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _bad(f"the request body is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise _bad("the request body must be a JSON object")
-    return raw
-
-
-def _number(raw: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = raw.get(name)
+def _repetition_penalty(raw: dict[str, Any]) -> float | None:
+    value = raw.get("repetition_penalty")
     if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise _bad(f"'{name}' must be a number from {low:g} to {high:g}", name)
-    return float(value)
-
-
-def _int(raw: dict[str, Any], name: str, default: int | None, low: int) -> int | None:
-    value = raw.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _bad(f"'{name}' must be an integer of at least {low}", name)
-    return value
-
-
-def _stop(raw: dict[str, Any]) -> tuple[str, ...]:
-    value = raw.get("stop")
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
+        return None
     if (
-        not isinstance(stops, list)
-        or not all(isinstance(s, str) and s for s in stops)
-        or len(stops) > MAX_STOP_STRINGS
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
     ):
-        raise _bad(
-            f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS}", "stop"
-        )
-    return tuple(stops)
+        raise bad("'repetition_penalty' must be a number above 0", "repetition_penalty")
+    return None if value == 1 else float(value)  # 1 changes nothing
 
 
-def _common(raw: dict[str, Any], kind: str, max_tokens: int | None) -> dict[str, Any]:
+def _logit_bias(raw: dict[str, Any]) -> dict[str, float] | None:
+    value = raw.get("logit_bias")
+    if value is None:
+        return None
+    message = "'logit_bias' must map token ids (as strings) to numbers from -100 to 100"
+    if not isinstance(value, dict):
+        raise bad(message, "logit_bias")
+    bias: dict[str, float] = {}
+    for key, b in value.items():
+        if (
+            not key.isdigit()
+            or isinstance(b, bool)
+            or not isinstance(b, int | float)
+            or not -100 <= b <= 100
+        ):
+            raise bad(f"{message} (not {key!r}: {json.dumps(b)})", "logit_bias")
+        bias[str(int(key))] = float(b)
+    return bias or None
+
+
+def _max_tokens(raw: dict[str, Any], default: int) -> int:
+    """max_completion_tokens is the newer name of max_tokens: it wins when both are given."""
+    old = integer(raw, "max_tokens", default, 1)
+    new = integer(raw, "max_completion_tokens", None, 1)
+    return new or old or default
+
+
+def _common(raw: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The options both routes share."""
     model = raw.get("model")
     if model is not None and not isinstance(model, str):
-        raise _bad("'model' must be a string", "model")
-    for name, neutral in NEUTRAL.items():
-        if raw.get(name) not in (None, neutral):
-            raise _bad(f"'{name}' is not supported by mlx-cluster serve (leave it out)", name)
+        raise bad("'model' must be a string", "model")
+    _refuse_non_neutral(raw, NEUTRAL)
     stream = raw.get("stream", False)
     if not isinstance(stream, bool):
-        raise _bad("'stream' must be true or false", "stream")
+        raise bad("'stream' must be true or false", "stream")
     options = raw.get("stream_options")
     if options is not None and (not stream or not isinstance(options, dict)):
-        raise _bad(
+        raise bad(
             "'stream_options' must be an object, and only with 'stream': true", "stream_options"
         )
-    include_usage = bool((options or {}).get("include_usage", False))
-    default = CHAT_MAX_TOKENS if kind == "chat" else COMPLETION_MAX_TOKENS
-    top_p = _number(raw, "top_p", 1.0, 0.0, 1.0)
+    include_usage = (options or {}).get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise bad("'stream_options.include_usage' must be true or false", "stream_options")
+    top_p = number(raw, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0:
-        raise _bad("'top_p' must be more than 0", "top_p")
+        raise bad("'top_p' must be more than 0", "top_p")
+    default = CHAT_MAX_TOKENS if kind == "chat" else COMPLETION_MAX_TOKENS
     return {
         "kind": kind,
-        "max_tokens": max_tokens or _int(raw, "max_tokens", default, 1),
-        "temperature": _number(raw, "temperature", 1.0, 0.0, 2.0),
+        "max_tokens": _max_tokens(raw, default),
+        "temperature": number(raw, "temperature", 1.0, 0.0, 2.0),
         "top_p": top_p,
-        "seed": _int(raw, "seed", None, 0),
-        "stop": _stop(raw),
+        "seed": integer(raw, "seed", None, 0),
+        "stop": string_list(raw.get("stop"), "stop", MAX_STOP_STRINGS),
         "stream": stream,
         "include_usage": include_usage,
+        "top_k": integer(raw, "top_k", 0, 0),
+        "min_p": number(raw, "min_p", 0.0, 0.0, 1.0),
+        "presence_penalty": _penalty(raw, "presence_penalty"),
+        "frequency_penalty": _penalty(raw, "frequency_penalty"),
+        "repetition_penalty": _repetition_penalty(raw),
+        "logit_bias": _logit_bias(raw),
+        "response_format": response_format(raw.get("response_format")),
     }
 
 
-def _content(message: dict[str, Any], i: int) -> str:
-    content = message.get("content")
-    if content is None and message.get("role") == "assistant":
-        return ""
+def response_format(value: Any) -> dict[str, Any] | None:
+    """OpenAI's response_format, normalized for rank 0: the JSON schema itself under "schema"."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise bad(
+            "'response_format.type' must be 'text', 'json_object' or 'json_schema'",
+            "response_format",
+        )
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise bad(
+            "'response_format.json_schema' must be an object with the schema under 'schema'",
+            "response_format.json_schema.schema",
+        )
+    for key, types in (("name", str), ("strict", bool), ("description", str)):
+        if spec.get(key) is not None and not isinstance(spec[key], types):
+            raise bad(
+                f"'response_format.json_schema.{key}' has the wrong type",
+                f"response_format.json_schema.{key}",
+            )
+    return {"type": "json_schema", "schema": spec["schema"]}
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content: a string, or text parts joined (other parts refused by name)."""
     if isinstance(content, str):
         return content
-    parts = content if isinstance(content, list) else None
-    if parts is None or not all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
-        raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
-    texts = [p.get("text") for p in parts]
-    if not all(isinstance(t, str) for t in texts):
-        raise _bad(f"messages[{i}].content text parts need a string 'text'", "messages")
-    return "".join(str(t) for t in texts)
+    if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
+        raise bad(f"{where} must be a string or a list of text parts", "messages")
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind in REFUSED_PARTS:
+            raise bad(
+                f"{where}[{j}] is an {kind!r} part: mlx-cluster serve takes text only "
+                f"(no {REFUSED_PARTS[kind]})",
+                f"{where}[{j}].type",
+            )
+        if kind != "text":
+            raise bad(f"{where}[{j}].type must be 'text', not {kind!r}", f"{where}[{j}].type")
+        if not isinstance(part.get("text"), str):
+            raise bad(f"{where}[{j}] text parts need a string 'text'", "messages")
+    return "".join(str(p["text"]) for p in content)
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant's earlier tool calls, as chat templates take them (arguments parsed)."""
+    if not isinstance(calls, list) or not calls:
+        raise bad(f"{where} must be a non-empty list of tool calls", where)
+    out = []
+    for k, call in enumerate(calls):
+        at = f"{where}[{k}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise bad(f"{at} must be {{id, type: 'function', function: {{name, arguments}}}}", at)
+        name = tool_name(function.get("name"), f"{at}.function.name")
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str):
+            raise bad(f"{at}.function.arguments must be a string of JSON", f"{at}.function")
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            raise bad(f"{at}.id must be a non-empty string", f"{at}.id")
+        out.append(
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": arguments_value(arguments)},
+            }
+        )
+    return out
+
+
+def _message(m: Any, i: int) -> dict[str, Any]:
+    """One chat message in the Hugging Face form chat templates expect."""
+    if not isinstance(m, dict) or m.get("role") not in ROLES:
+        raise bad(f"messages[{i}] needs a 'role' among {', '.join(ROLES)}", "messages")
+    role, content, where = str(m["role"]), m.get("content"), f"messages[{i}].content"
+    if m.get("audio") is not None:
+        raise bad(f"messages[{i}].audio: mlx-cluster serve takes text only", f"messages[{i}].audio")
+    if role == "assistant":
+        text = None if content is None else _text(content, where)
+        if m.get("tool_calls") is None:
+            return {"role": role, "content": text or ""}
+        calls = _tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+        return {"role": role, "content": text, "tool_calls": calls}
+    if content is None:
+        raise bad(f"{where} must be a string or a list of text parts", "messages")
+    if role == "tool":
+        call_id = m.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            at = f"messages[{i}].tool_call_id"
+            raise bad(f"{at} must name the tool call this answers", at)
+        return {"role": role, "tool_call_id": call_id, "content": _text(content, where)}
+    # Templates know "system"; "developer" is OpenAI's newer name for it.
+    return {"role": "system" if role == "developer" else role, "content": _text(content, where)}
+
+
+def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
+    """OpenAI's function tools, checked; each keeps name, description and parameters."""
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_TOOLS:
+        raise bad(f"'tools' must be a list of up to {MAX_TOOLS} function tools", "tools")
+    tools, names = [], set()
+    for i, tool in enumerate(value):
+        at = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise bad(f"{at}.type must be 'function' (the only kind served)", f"{at}.type")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise bad(f"{at}.function must be an object", f"{at}.function")
+        name = tool_name(function.get("name"), f"{at}.function.name")
+        if name in names:
+            raise bad(f"{at}.function.name {name!r} is given twice", f"{at}.function.name")
+        names.add(name)
+        kept: dict[str, Any] = {"name": name}
+        for key, types in (("description", str), ("parameters", dict)):
+            if function.get(key) is not None:
+                if not isinstance(function[key], types):
+                    raise bad(f"{at}.function.{key} has the wrong type", f"{at}.function.{key}")
+                kept[key] = function[key]
+        tools.append({"type": "function", "function": kept})
+    return tuple(tools)
+
+
+def _tool_choice(value: Any) -> ToolChoice | None:
+    if value is None or value in ("auto", "none", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function":
+        function = value.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        return {"name": tool_name(name, "tool_choice.function.name")}
+    raise bad(
+        "'tool_choice' must be 'auto', 'none', 'required' or "
+        '{"type": "function", "function": {"name": ...}}',
+        "tool_choice",
+    )
+
+
+def _chat_logprobs(raw: dict[str, Any]) -> int | None:
+    wanted = raw.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise bad("'logprobs' must be true or false", "logprobs")
+    top = integer(raw, "top_logprobs", None, 0, MAX_TOP_LOGPROBS["chat"])
+    if top is not None and not wanted:
+        raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def parse_chat(body: bytes) -> GenerateRequest:
@@ -195,14 +314,22 @@ def parse_chat(body: bytes) -> GenerateRequest:
     raw = parse_body(body)
     messages = raw.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise _bad("'messages' must be a non-empty list of {role, content}", "messages")
-    checked = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise _bad(f"messages[{i}] needs a 'role' among {', '.join(ROLES)}", "messages")
-        checked.append({"role": str(m["role"]), "content": _content(m, i)})
-    max_tokens = _int(raw, "max_completion_tokens", None, 1)
-    return GenerateRequest(**_common(raw, "chat", max_tokens), messages=tuple(checked))
+        raise bad("'messages' must be a non-empty list of {role, content}", "messages")
+    checked = tuple(_message(m, i) for i, m in enumerate(messages))
+    common = _common(raw, "chat")
+    tools = _tools(raw.get("tools"))
+    parallel = raw.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    return GenerateRequest(
+        **common,
+        messages=checked,
+        tools=tools,
+        tool_choice=checked_choice(_tool_choice(raw.get("tool_choice")), tools, "tool_choice"),
+        parallel_tool_calls=parallel if tools else None,
+        logprobs=_chat_logprobs(raw),
+        n=int(integer(raw, "n", 1, 1, MAX_CHOICES) or 1),
+    )
 
 
 def parse_completion(body: bytes) -> GenerateRequest:
@@ -211,7 +338,9 @@ def parse_completion(body: bytes) -> GenerateRequest:
     prompt = raw.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
-    common = _common(raw, "completion", None)
+    _refuse_non_neutral(raw, COMPLETION_NEUTRAL)
+    common = _common(raw, "completion")
+    common["logprobs"] = integer(raw, "logprobs", None, 0, MAX_TOP_LOGPROBS["completion"])
     if isinstance(prompt, str) and prompt:
         return GenerateRequest(**common, prompt=prompt)
     if (
@@ -220,89 +349,4 @@ def parse_completion(body: bytes) -> GenerateRequest:
         and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
     ):
         return GenerateRequest(**common, prompt_ids=tuple(prompt))
-    raise _bad("'prompt' must be one non-empty string or one list of token ids", "prompt")
-
-
-def new_id(kind: str) -> str:
-    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    """OpenAI's usage object; cached_tokens: prompt tokens rank 0 took from its prefix cache."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-def done_usage(event: dict[str, Any]) -> dict[str, Any]:
-    """The usage object from rank 0's `done` event (cached_tokens is absent from older ranks)."""
-    return usage(
-        int(event["prompt_tokens"]),
-        int(event["completion_tokens"]),
-        int(event.get("cached_tokens") or 0),
-    )
-
-
-def response_body(
-    kind: str, request_id: str, model: str, text: str, finish: str, counts: dict[str, Any]
-) -> dict[str, Any]:
-    """The whole answer of a non-streaming request."""
-    if kind == "chat":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
-            "logprobs": None,
-        }
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-    return {
-        "id": request_id,
-        "object": "chat.completion" if kind == "chat" else "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": counts,
-    }
-
-
-def chunk_body(
-    kind: str,
-    request_id: str,
-    model: str,
-    text: str | None,
-    finish: str | None = None,
-    counts: dict[str, Any] | None = None,
-    first: bool = False,
-) -> dict[str, Any]:
-    """One streamed chunk: text (None: the final chunk with the finish reason; with counts:
-    the usage chunk, which has no choices). A chat stream's first chunk names the role."""
-    choices: list[dict[str, Any]] = []
-    if counts is None:
-        if kind == "chat":
-            delta: dict[str, str] = {} if text is None else {"content": text}
-            if first:
-                delta = {"role": "assistant", **delta}
-            choices = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
-        else:
-            choices = [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}]
-    body: dict[str, Any] = {
-        "id": request_id,
-        "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-    }
-    if counts is not None:
-        body["usage"] = counts
-    return body
-
-
-def models_body(model: str, created: int) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [{"id": model, "object": "model", "created": created, "owned_by": "mlx-cluster"}],
-    }
+    raise bad("'prompt' must be one non-empty string or one list of token ids", "prompt")

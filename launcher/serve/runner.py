@@ -179,15 +179,20 @@ class RankRunner:
 
     def _on_event(self, rank: int, event: dict[str, Any]) -> None:
         name = event.get("event")
+        # Rank 0 sends one step's request events as one `batch` line (one write, one parse).
+        events = event.get("events") or [] if name == "batch" else [event]
         with self.changed:
             if rank < len(self.heard):
                 self.heard[rank] = time.monotonic()
             if name == "started" and isinstance(event.get("pid"), int):
                 self._pids[rank] = event["pid"]
-            if rank == 0 and name != "stats":
-                self._route(event)
+            if rank == 0:
+                for e in events:
+                    if e.get("event") != "stats":
+                        self._route(e)
         if rank == 0:
-            self.metrics.rank_event(event)
+            for e in events:
+                self.metrics.rank_event(e)
         if name == "ready" and rank == 0:
             self._ready()
 

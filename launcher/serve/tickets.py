@@ -1,9 +1,10 @@
 """The requests open on the ranks: one ticket each, fed by rank 0's events.
 
-A ticket's events are `begin`/`delta`/`done`/`request_error` as rank 0 tags them with the
-ticket's id, or one `failed` when the ranks go (fail_all). Events arrive on supervisor threads
-(route); each ticket hands them to the HTTP event loop through loop.call_soon_threadsafe into
-an asyncio.Queue, so no thread waits per request and the ranks never wait for a slow client.
+A ticket's events are `begin`/`delta`/`tool_call`/`done`/`request_error` as rank 0 tags them
+with the ticket's id, or one `failed` when the ranks go (fail_all); a request of n choices ends
+with its n-th `done`. Events arrive on supervisor threads (route); each ticket hands them to the
+HTTP event loop through loop.call_soon_threadsafe into an asyncio.Queue, so no thread waits per
+request and the ranks never wait for a slow client.
 At most `max_open` tickets are open at once (decoding + waiting on rank 0); beyond, Busy (429).
 Unavailable is the HTTP side's 503.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 Event = dict[str, Any]
-REQUEST_EVENTS = ("begin", "prompt_progress", "delta", "done", "request_error")
+REQUEST_EVENTS = ("begin", "prompt_progress", "delta", "tool_call", "done", "request_error")
 FINAL_EVENTS = ("done", "request_error", "failed")
 
 
@@ -46,6 +47,8 @@ class Ticket:
     opened: float = field(default_factory=time.monotonic)
     last_delta: float | None = None  # set on the routing thread only
     begun: bool = False  # set by the awaiting side only
+    choices: int = 1  # `done` events that end the request (one per choice)
+    ended: int = 0  # `done` events routed so far (on the routing thread, under the lock)
 
     def put(self, event: Event) -> None:
         """From any thread: the event joins the queue on the loop's thread."""
@@ -70,11 +73,11 @@ class Tickets:
         with self._lock:
             return ticket_id in self._open
 
-    def open(self, ticket_id: str, loop: asyncio.AbstractEventLoop) -> Ticket:
+    def open(self, ticket_id: str, loop: asyncio.AbstractEventLoop, choices: int = 1) -> Ticket:
         with self._lock:
             if len(self._open) >= self.max_open:
                 raise Busy(self._busy)
-            ticket = self._open[ticket_id] = Ticket(ticket_id, loop)
+            ticket = self._open[ticket_id] = Ticket(ticket_id, loop, choices=choices)
             return ticket
 
     def drop(self, ticket_id: str) -> bool:
@@ -92,7 +95,9 @@ class Tickets:
             ticket = self._open.get(str(event.get("id")))
             if ticket is None:
                 return
-            if name in FINAL_EVENTS:
+            if name == "done":
+                ticket.ended += 1
+            if name in FINAL_EVENTS and (name != "done" or ticket.ended >= ticket.choices):
                 del self._open[ticket.id]
         if name == "delta":
             self._time(ticket)
@@ -127,5 +132,5 @@ class Tickets:
             self.drop(ticket.id)
             message = f"no answer from the ranks for {quiet_s:.0f} s"
             return {"event": "failed", "status": 503, "message": message}
-        ticket.begun = ticket.begun or event.get("event") in ("begin", "delta")
+        ticket.begun = ticket.begun or event.get("event") in ("begin", "delta", "tool_call")
         return event

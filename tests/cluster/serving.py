@@ -29,10 +29,17 @@ class ServeRanks:
         stdin.write(json.dumps(body) + "\n")
         stdin.flush()
 
+    def all_events(self) -> list[dict[str, Any]]:
+        """Rank 0's events in order, a step's `batch` line unpacked."""
+        out: list[dict[str, Any]] = []
+        for e in list(self.rank0.events):
+            out.extend(e["events"] if e["event"] == "batch" else [e])
+        return out
+
     def events(self, name: str, request_id: str | None = None) -> list[dict[str, Any]]:
         return [
             e
-            for e in list(self.rank0.events)
+            for e in self.all_events()
             if e["event"] == name and (request_id is None or e.get("id") == request_id)
         ]
 

@@ -58,7 +58,7 @@ def test_requests_joining_a_running_batch_get_their_solo_tokens(
             ranks.send(f"later{i}", p, 24)
         got = [ranks.done("first")["token_ids"]]
         got += [ranks.done(f"later{i}")["token_ids"] for i in range(len(later))]
-        order = [(e["event"], e.get("id")) for e in ranks.rank0.events]
+        order = [(e["event"], e.get("id")) for e in ranks.all_events()]
     # The first was still decoding when the others joined the batch.
     assert order.index(("begin", "later0")) < order.index(("done", "first"))
     for prompt, g, s in zip(PROMPTS, got, solo, strict=True):

@@ -1,0 +1,201 @@
+"""What every API of `mlx-cluster serve` turns a request into: one checked GenerateRequest (the line
+rank 0 reads), or an ApiError naming the bad field.
+
+Shared by the OpenAI routes (openai_api.py) and the Anthropic ones (anthropic_api.py); pure
+functions of the request JSON, nothing here talks to ranks or sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+ToolChoice = str | dict[str, str]  # "auto" | "none" | "required" | {"name": function}
+ID_PREFIXES = {"chat": "chatcmpl-", "completion": "cmpl-", "anthropic": "msg_"}
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's and Anthropic's rule for tool names
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status plus OpenAI's error object (anthropic_api.py renders the
+    same error in Anthropic's shape on its routes)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+        self.type, self.param, self.code = type_, param, code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(
+    message: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One checked request, as rank 0 needs it (plus how to answer). Unused options keep their
+    neutral value and stay out of the rank line."""
+
+    kind: str  # "chat" | "completion" | "anthropic" (a chat request answered in Anthropic's shapes)
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    messages: tuple[dict[str, Any], ...] | None = None
+    prompt: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: int | None = None  # top alternatives per token (0: only the chosen token's)
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    n: int = 1
+    count_only: bool = False
+
+    def rank_line(self, request_id: str, seed: int) -> str:
+        """The JSON line for rank 0's stdin (cluster/serve/requests.py reads it)."""
+        raw: dict[str, Any] = {
+            "id": request_id,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": seed if self.seed is None else self.seed,
+            "stop": list(self.stop),
+            "messages": None if self.messages is None else list(self.messages),
+            "prompt": self.prompt,
+            "prompt_ids": None if self.prompt_ids is None else list(self.prompt_ids),
+        }
+        extra: dict[str, Any] = {
+            "tools": None if self.tools is None else list(self.tools),
+            "tool_choice": self.tool_choice,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "response_format": self.response_format,
+            "logprobs": self.logprobs,
+            "top_k": self.top_k or None,
+            "min_p": self.min_p or None,
+            "presence_penalty": self.presence_penalty or None,
+            "frequency_penalty": self.frequency_penalty or None,
+            "repetition_penalty": self.repetition_penalty,
+            "logit_bias": self.logit_bias or None,
+            "n": self.n if self.n > 1 else None,
+            "count_only": self.count_only or None,
+        }
+        raw.update((k, v) for k, v in extra.items() if v is not None)
+        return json.dumps(raw, separators=(",", ":")) + "\n"
+
+
+def new_id(kind: str) -> str:
+    """The request's id: rank 0 tags its events with it, and the answer carries it."""
+    return ID_PREFIXES.get(kind, "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    try:
+        raw = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise bad("the request body must be a JSON object")
+    return raw
+
+
+def number(raw: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = raw.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise bad(f"'{name}' must be a number from {low:g} to {high:g}", name)
+    return float(value)
+
+
+def integer(
+    raw: dict[str, Any], name: str, default: int | None, low: int, high: int | None = None
+) -> int | None:
+    value = raw.get(name)
+    if value is None:
+        return default
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        bound = f"of at least {low}" if high is None else f"from {low} to {high}"
+        raise bad(f"'{name}' must be an integer {bound}", name)
+    return value
+
+
+def string_list(value: Any, name: str, most: int) -> tuple[str, ...]:
+    """A string or a list of up to `most` non-empty strings (stop strings)."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(items, list)
+        or not all(isinstance(s, str) and s for s in items)
+        or len(items) > most
+    ):
+        raise bad(f"'{name}' must be a non-empty string or a list of up to {most}", name)
+    return tuple(items)
+
+
+def tool_name(value: Any, param: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise bad(f"{param} must be 1 to 64 letters, digits, '_' or '-'", param)
+    return value
+
+
+def arguments_value(arguments: str) -> Any:
+    """A tool call's JSON arguments as the chat template expects them: the object when the text
+    parses as one (templates render it with tojson), else the text itself."""
+    try:
+        parsed = json.loads(arguments)
+    except (json.JSONDecodeError, RecursionError):
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
+
+
+def checked_choice(
+    choice: ToolChoice | None, tools: tuple[dict[str, Any], ...] | None, param: str
+) -> ToolChoice | None:
+    """A normalized tool choice against the tools given: none at all without tools (nothing to
+    choose from), 'auto' by default with them; 'required' or a name needs tools, and the name
+    must be one of them."""
+    if not tools:
+        if choice in (None, "auto", "none"):
+            return None
+        raise bad(f"'{param}' needs 'tools' to choose from", param)
+    if isinstance(choice, dict):
+        names = [t["function"]["name"] for t in tools]
+        if choice["name"] not in names:
+            raise bad(f"'{param}' names {choice['name']!r}, which is not among the tools", param)
+    return "auto" if choice is None else choice
