@@ -101,6 +101,10 @@ def serve(
                 last_progress = time.monotonic()
             if options.token_delay_s:
                 time.sleep(options.token_delay_s)
+            if scheduler is not None:
+                scheduler.stepped(
+                    time.monotonic() - started, bool(responses and not prompt_responses)
+                )
             if engine.idle:  # every rank sees the same batch empty out at the same step
                 break
         if scheduler is not None:

@@ -213,14 +213,14 @@ class Scheduler:
                 self._leave(r.uid)
             elif r.finish_reason is not None:
                 self._forget(r.uid)
-        self._pace(read, bool(responses), took_s)
-
-    def _pace(self, read: int, decoding: bool, took_s: float) -> None:
-        took_s = max(took_s, 1e-4)
         if read:
-            self.prefill_rate = _ema(self.prefill_rate, read / took_s, 0.5)
-        elif decoding:
-            self.step_s = _ema(self.step_s, took_s, 0.2)
+            self.prefill_rate = _ema(self.prefill_rate, read / max(took_s, 1e-4), 0.5)
+
+    def stepped(self, wall_s: float, decoded: bool) -> None:
+        """A whole decode step's wall time (the batch, rank 0's own work, any pause): what a
+        lease is measured in."""
+        if decoded:
+            self.step_s = _ema(self.step_s, wall_s, 0.2)
 
     def stats(self, batch: int) -> None:
         """A `stats` event at most every STATS_EVERY_S (the launcher's /metrics)."""

@@ -361,10 +361,11 @@ def test_logit_bias_forces_a_token(server: Server, tiny_model: Path) -> None:
 @pytest.mark.parametrize(
     "settings",
     [
-        {"presence_penalty": 1.5},
-        {"frequency_penalty": 1.0},
+        # Negative penalties favour what the context holds: they change this model's argmax.
+        {"presence_penalty": -1.0},
+        {"frequency_penalty": -1.0},
         {"repetition_penalty": 1.8},
-        {"logit_bias": {"30": 3.0, "45": -4.0}, "presence_penalty": 0.7},
+        {"logit_bias": {"FIRST": -100.0, "45": 4.0}, "presence_penalty": 0.7},
     ],
 )
 def test_penalties_and_bias_change_tokens_as_mlx_lms_processors_do(
@@ -379,7 +380,7 @@ def test_penalties_and_bias_change_tokens_as_mlx_lms_processors_do(
     model, tokenizer = _loaded(str(tiny_model))
     prompt = "Tell me about the sea and the mountains"
 
-    def reference(**s: Any) -> str:
+    def reference(**s: Any) -> tuple[str, list[int]]:
         bias = {int(k): v for k, v in (s.get("logit_bias") or {}).items()} or None
         processors = make_logits_processors(
             bias,
@@ -388,24 +389,26 @@ def test_penalties_and_bias_change_tokens_as_mlx_lms_processors_do(
             frequency_penalty=s.get("frequency_penalty"),
         )
         ids = mx.array(tokenizer.encode(prompt))
-        pieces = stream_generate(
-            model, tokenizer, ids, max_tokens=24, sampler=make_sampler(0.0),
-            logits_processors=processors,
+        pieces = list(
+            stream_generate(
+                model, tokenizer, ids, max_tokens=24, sampler=make_sampler(0.0),
+                logits_processors=processors,
+            )
         )  # fmt: skip
-        return "".join(r.text for r in pieces)
+        return "".join(r.text for r in pieces), [r.token for r in pieces]
 
+    plain, tokens = reference()
+    if "logit_bias" in settings:  # "FIRST": the token greedy picks first without any bias
+        bias = settings["logit_bias"]
+        settings = {**settings, "logit_bias": {str(tokens[0]): bias["FIRST"], "45": bias["45"]}}
     openai_fields = {k: v for k, v in settings.items() if k != "repetition_penalty"}
-    extra = (
-        {"repetition_penalty": settings["repetition_penalty"]}
-        if "repetition_penalty" in settings
-        else None
-    )
+    extra = {k: v for k, v in settings.items() if k == "repetition_penalty"} or None
     out = server.client(KEY).completions.create(
         model="m", prompt=prompt, max_tokens=24, temperature=0, extra_body=extra, **openai_fields
     )
-    expected = reference(**settings)
+    expected, _ = reference(**settings)
     assert out.choices[0].text == expected
-    assert expected != reference()  # the settings matter for this prompt
+    assert expected != plain  # the settings matter for this prompt
 
 
 def test_sampling_controls_are_taken(server: Server) -> None:

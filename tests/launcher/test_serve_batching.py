@@ -105,8 +105,9 @@ def test_a_long_prompt_on_a_slow_machine_is_not_a_failure(tmp_path: Path) -> Non
         assert "re-planning" not in s.stderr and "died" not in s.stderr, s.stderr
 
 
-class Streams:
-    """n streamed chats read by threads; each records its error and when it ended."""
+class Requests:
+    """n chats read by threads, every other one streamed; each records its error and when it
+    ended. A streamed one has started at its first chunk; a whole one once it was sent."""
 
     def __init__(self, client: openai.OpenAI, n: int) -> None:
         self.started = [threading.Event() for _ in range(n)]
@@ -118,14 +119,14 @@ class Streams:
 
     def _run(self, client: openai.OpenAI, i: int) -> None:
         messages = [{"role": "user", "content": f"Hello world number {i}"}]
+        stream = i % 2 == 0
         try:
-            for _chunk in client.chat.completions.create(
-                model="m",
-                messages=messages,
-                max_tokens=2000,
-                temperature=0,
-                stream=True,
-            ):
+            if not stream:
+                self.started[i].set()
+            answer = client.chat.completions.create(
+                model="m", messages=messages, max_tokens=2000, temperature=0, stream=stream
+            )
+            for _chunk in answer if stream else ():
                 self.started[i].set()
         except Exception as e:
             self.errors[i] = e
@@ -140,17 +141,20 @@ def test_a_rank_killed_under_a_batch_of_8_ends_every_request_then_serving_resume
         "--local", "2", "--model", str(tiny_model), "--job-option", "token_delay_s=0.1"
     ) as s:
         s.wait_ready()
-        streams = Streams(s.client(), 8)
-        for started in streams.started:
+        inflight = Requests(s.client(), 8)
+        for started in inflight.started:
             assert started.wait(90), s.stderr
-        assert all(e is None for e in streams.errors), streams.errors
+        assert all(e is None for e in inflight.errors), inflight.errors
         os.kill(s.ranks(2)[1], signal.SIGKILL)
         killed = time.monotonic()
-        for t in streams.threads:
+        for t in inflight.threads:
             t.join(FAIL_WITHIN_S + 5)
-        assert not any(t.is_alive() for t in streams.threads), "a request never ended"
-        assert all(isinstance(e, openai.APIError) for e in streams.errors), streams.errors
-        assert max(streams.ended) - killed < FAIL_WITHIN_S
+        assert not any(t.is_alive() for t in inflight.threads), "a request never ended"
+        assert all(isinstance(e, openai.APIError) for e in inflight.errors), inflight.errors
+        whole = [e for i, e in enumerate(inflight.errors) if i % 2]  # 503 bodies, not hangs
+        assert all(isinstance(e, openai.InternalServerError) for e in whole), whole
+        assert all(e.status_code == 503 for e in whole if isinstance(e, openai.APIStatusError))
+        assert max(inflight.ended) - killed < FAIL_WITHIN_S
         assert s.wait_health(True, RECOVER_WITHIN_S, every_s=0.5)["ranks"] == 1
         out = s.client().completions.create(model="m", prompt="Hi", max_tokens=4, temperature=0)
         assert out.choices[0].text is not None
