@@ -112,7 +112,3 @@ class Engine:
                 self.active.discard(r.uid)
                 self.cache.insert(list(r.all_tokens), r.prompt_cache)
         return prompt_responses, responses
-
-    def close(self) -> None:
-        self.cache.clear()
-        self.gen.close()

@@ -98,9 +98,5 @@ class PrefixCache:
         while self.tokens > self.max_tokens or len(self._entries) > self.max_entries:
             self._drop(next(iter(self._entries)))
 
-    def clear(self) -> None:
-        for entry_id in list(self._entries):
-            self._drop(entry_id)
-
     def _drop(self, entry_id: int) -> None:
         self.tokens -= len(self._entries.pop(entry_id).tokens)

@@ -25,9 +25,6 @@ class RequestError(Exception):
         self.request_id = request_id
 
 
-TOOL_MODES = ("none", "auto", "forced")
-
-
 @dataclass(frozen=True)
 class Request:
     id: str

@@ -16,10 +16,10 @@ from typing import Any
 import anthropic
 import jsonschema
 import pytest
-from api_cases import ADD, USER
+from api_cases import ADD, USER, keyed_server
 from api_cases import ANTHROPIC_TOOLS as TOOLS
 from launch_helpers import tiny_model
-from serve_helpers import Server, serving
+from serve_helpers import Server
 
 __all__ = ["tiny_model"]  # the fixture
 
@@ -28,10 +28,7 @@ KEY = "anthropic-key"
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[Server]:
-    with serving("--local", "2", "--model", str(tiny_model), "--api-key", KEY) as s:
-        s.wait_ready()
-        yield s
-        assert "Traceback" not in s.stderr, s.stderr
+    yield from keyed_server(tiny_model, KEY)
 
 
 def _client(s: Server, key: str = KEY) -> anthropic.Anthropic:

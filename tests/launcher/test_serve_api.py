@@ -15,9 +15,9 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from api_cases import TOOLS, USER, WEATHER
+from api_cases import TOOLS, USER, WEATHER, keyed_server
 from launch_helpers import tiny_model
-from serve_helpers import Server, _loaded, serving
+from serve_helpers import Server, _loaded
 
 __all__ = ["tiny_model"]  # the fixture
 
@@ -26,10 +26,7 @@ KEY = "api-key"
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[Server]:
-    with serving("--local", "2", "--model", str(tiny_model), "--api-key", KEY) as s:
-        s.wait_ready()
-        yield s
-        assert "Traceback" not in s.stderr, s.stderr
+    yield from keyed_server(tiny_model, KEY)
 
 
 def _schema_of(name: str) -> dict[str, Any]:
