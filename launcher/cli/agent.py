@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -46,8 +47,10 @@ def _serve_until_signalled(agent: Agent) -> None:
         with agent:
             where = ", ".join(f"{a}:{agent.port}" for a in agent.addresses)
             click.echo(f"mlx-cluster agent: {agent.advertised.name} on {where} ({SERVICE_TYPE})")
-            while not stop.wait(1.0):
-                pass
+            # Poll, never `stop.wait()`: the handler runs on this thread, and `set()` would
+            # deadlock on the Event's lock if the signal landed while `wait()` held it.
+            while not stop.is_set():
+                time.sleep(0.2)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
