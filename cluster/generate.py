@@ -27,6 +27,9 @@ from topology.errors import InputError
 
 Emit = Callable[..., None]  # emit(event_name, **fields)
 PROGRESS_EVERY_S = 0.5  # a progress event at most this often: cheap next to a token
+# Prompt tokens per prefill step (mlx-lm's default). Each step ends with a "progress" event of
+# stage "prompt" carrying `chunk`, so the launcher shows a prompt longer than one step advance.
+PREFILL_STEP = 2048
 
 
 @dataclass
@@ -123,8 +126,9 @@ def decode(
         max_tokens=job.max_tokens,
         sampler=make_sampler(job.temp, job.top_p),
         logits_processors=processors,
+        prefill_step_size=PREFILL_STEP,
         prompt_progress_callback=lambda done, total: emit(
-            "progress", rank=job.rank, stage="prompt", done=done, total=total
+            "progress", rank=job.rank, stage="prompt", done=done, total=total, chunk=PREFILL_STEP
         ),
     ):
         if response.finish_reason != "stop":  # a stop response carries the EOS token

@@ -11,7 +11,6 @@ first, then only this rank's safetensors files, from the local cache when they a
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import tempfile
@@ -29,6 +28,7 @@ from mlx_lm.utils import _get_classes, load_config, load_model, load_tokenizer
 from cluster.fetch import DownloadProgress, HubSnapshot, fetch_files, fetch_metadata
 from cluster.pipeline_stage import PipelineStage, check_generic, layer_range
 from topology.errors import InputError
+from topology.untrusted import load_json, show
 
 Progress = Callable[[int, int, int], None]  # (layers loaded, layers total, files)
 LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -121,13 +121,40 @@ def local_files(
         if weights is not None:
             return sorted(weights)
         return sorted(p.name for p in path.glob("model*.safetensors"))
-    weight_map: dict[str, str] = json.loads(index_file.read_text())["weight_map"]
     files = set()
-    for name, file in weight_map.items():
+    for name, file in _weight_map(index_file).items():
         match = LAYER_KEY.search(name)
         if layers is None or match is None or int(match.group(1)) in layers:
             files.add(file)
     return sorted(files)
+
+
+_INDEX_MAX_BYTES = 64 << 20  # a 1T-parameter model's index is ~20 MB
+_WEIGHT_FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,200}\.safetensors")
+
+
+def _weight_map(index_file: Path) -> dict[str, str]:
+    """The index's tensor -> file map, through the parser boundary: every file a plain name in
+    the model folder (never a path), every layer number short enough to read."""
+    try:
+        with index_file.open("rb") as f:
+            data = f.read(_INDEX_MAX_BYTES + 1)
+    except OSError as e:
+        raise InputError(f"{index_file}: cannot read it ({e.strerror})") from None
+    raw = load_json(data, str(index_file), max_bytes=_INDEX_MAX_BYTES)
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict):
+        raise InputError(f"{index_file}: weight_map: missing (not a safetensors index)")
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or not _WEIGHT_FILE.fullmatch(file):
+            raise InputError(
+                f"{index_file}: weight_map: {show(name)} -> {show(file)} is not a "
+                "safetensors file name in the model folder"
+            )
+        match = LAYER_KEY.search(name)
+        if match is not None and len(match.group(1)) > 6:
+            raise InputError(f"{index_file}: weight_map: {show(name)}: layer number too long")
+    return weight_map
 
 
 def load_shard(

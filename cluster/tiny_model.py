@@ -3,7 +3,8 @@
 Weights are split one file per layer (plus one for embeddings/norm/head) with a
 model.safetensors.index.json, so pipeline ranks can be shown to read only their layers'
 files. The tokenizer is a small byte-level BPE trained on a built-in text with the
-`tokenizers` library, with a chat template and an end-of-turn token.
+`tokenizers` library, with a chat template and an end-of-turn token. Everything is written
+into a temporary directory beside the target and renamed into place: a failure leaves nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import contextlib
 import importlib
 import io
 import json
+import os
 import re
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -26,7 +30,8 @@ from topology.errors import InputError
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 QUANT_BITS = (2, 3, 4, 6, 8)
-MARKER = "mlx-cluster-tiny-model.json"  # written first: this directory is ours to overwrite
+MARKER = "mlx-cluster-tiny-model.json"  # this directory is ours to overwrite
+MAX_PARAMETERS = 1 << 31  # 8 GiB of float32: beyond that the model is not tiny (and RAM runs out)
 EOS, PAD, TURN = "<|im_end|>", "<|endoftext|>", "<|im_start|>"
 # A ChatML template with tools in the common "hermes" shape: the tool list in the system turn,
 # calls as <tool_call>{"name", "arguments"}</tool_call>, results as <tool_response> in a user
@@ -98,6 +103,11 @@ class TinySpec:
             raise InputError(f"--kv-heads {self.kv_heads} must divide --heads {self.heads}")
         if not 300 <= self.vocab <= 4096:
             raise InputError(f"--vocab must be between 300 and 4096 (got {self.vocab})")
+        if (n := self.parameters()) > MAX_PARAMETERS:
+            raise InputError(
+                f"--layers/--hidden/--intermediate give {n:,} parameters; a tiny model has at "
+                f"most {MAX_PARAMETERS:,}: make them smaller"
+            )
         if self.quantize_bits is not None:
             if self.quantize_bits not in QUANT_BITS:
                 bits = ", ".join(map(str, QUANT_BITS))
@@ -108,6 +118,13 @@ class TinySpec:
                 raise InputError(
                     f"--group-size {self.group_size} must be 32, 64 or 128 and divide --hidden"
                 )
+
+    def parameters(self) -> int:
+        """About how many weights the model has (embeddings twice when untied)."""
+        head = self.hidden // self.heads
+        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * head
+        per_layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        return self.layers * per_layer + 2 * self.vocab * self.hidden + self.hidden
 
 
 def write_tiny_model(
@@ -138,7 +155,70 @@ def write_tiny_model(
     )
     spec.check()
     out = Path(directory)
-    _claim_directory(out)
+    if out.is_symlink():  # replace what the link points at, never the link itself
+        out = out.resolve()
+    _check_target(out)
+    created = _make_parents(out.parent)
+    tmp: Path | None = None
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        _write_model(tmp, spec)
+        _move_into_place(tmp, out)
+    except BaseException as e:  # Ctrl-C and MemoryError too: leave nothing behind
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for parent in created:  # deepest first; only the ones made here
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        if isinstance(e, OSError):
+            raise InputError(f"{out}: cannot write the model ({e.strerror or e})") from None
+        raise
+    return out
+
+
+def _check_target(out: Path) -> None:
+    """Refuse a path that is not ours: a file, or a non-empty directory without our marker."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory: choose another path")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise InputError(f"{out} is not empty and holds no tiny model: choose an empty path")
+
+
+def _make_parents(parent: Path) -> list[Path]:
+    """Create the missing parent directories; the ones created, deepest first."""
+    missing: list[Path] = []
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+    except OSError as e:
+        for d in missing:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise InputError(f"{missing[0]}: cannot create the directory ({e.strerror or e})") from None
+    return missing
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """rename(2) replaces an empty directory at once; an old model is moved aside first."""
+    os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a model directory is read by others too
+    if not out.exists() or not any(out.iterdir()):
+        os.replace(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    os.replace(out, old)  # an empty directory: out takes its place
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        os.replace(old, out)  # put the old model back
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_model(out: Path, spec: TinySpec) -> None:
+    """Every file of the model into `out` (an empty directory)."""
     (out / MARKER).write_text(json.dumps(asdict(spec), indent=2))
     tokenizer_json, eos_id, vocab_size = _train_tokenizer(spec.vocab)
     (out / "tokenizer.json").write_text(tokenizer_json)
@@ -152,19 +232,6 @@ def write_tiny_model(
             model, config = quantize_model(model, config, spec.group_size, spec.quantize_bits)
     _save_weights_by_layer(out, dict(_flat(model.parameters())), spec.layers)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    return out
-
-
-def _claim_directory(out: Path) -> None:
-    """Refuse to write into a non-empty directory unless it holds one of our tiny models."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out} exists and is not a directory: choose another path")
-    if out.is_dir() and any(out.iterdir()):
-        if not (out / MARKER).is_file():
-            raise InputError(f"{out} is not empty and holds no tiny model: choose an empty path")
-        for old in out.glob("model*.safetensors"):
-            old.unlink()
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def _train_tokenizer(vocab: int) -> tuple[str, int, int]:
@@ -258,7 +325,10 @@ def _save_weights_by_layer(out: Path, weights: dict[str, mx.array], layers: int)
     weight_map = {}
     for i, shard in enumerate(shards):
         file_name = f"model-{i + 1:05d}-of-{total:05d}.safetensors"
-        mx.save_safetensors(str(out / file_name), shard, metadata={"format": "mlx"})
+        try:
+            mx.save_safetensors(str(out / file_name), shard, metadata={"format": "mlx"})
+        except RuntimeError as e:  # MLX reports a failed open or write this way
+            raise OSError(str(e)) from None
         weight_map.update(dict.fromkeys(shard, file_name))
     index = {
         "metadata": {"total_size": sum(v.nbytes for v in weights.values())},

@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from topology.errors import one_line
 from topology.facts import HostFacts, ProbeGap, RdmaDevice, RdmaState, TbPort
 from topology.parse import (
     Ifconfig,
-    ParseError,
     SwVers,
     Sysctl,
     parse_hardware_ports,
@@ -69,12 +69,14 @@ class _Reader:
         if text is None:
             if needed:
                 error = (self.files.get(file + ERROR_SUFFIX) or "").strip()
-                self.gaps.append(ProbeGap(file, error.splitlines()[0] if error else "missing"))
+                # the .error note is text from elsewhere: one line, no terminal escapes
+                first = one_line(error.splitlines()[0], 300) if error else "missing"
+                self.gaps.append(ProbeGap(file, first))
             return None
         try:
             return parser(text)
-        except ParseError as e:
-            self.gaps.append(ProbeGap(file, f"unparsable: {e}"))
+        except ValueError as e:  # ParseError, or any value a parser found malformed
+            self.gaps.append(ProbeGap(file, f"unparsable: {one_line(str(e), 200)}"))
             return None
 
 

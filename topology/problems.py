@@ -27,6 +27,7 @@ from topology.host_facts import (
     IFCONFIG,
     RDMA_CTL,
     SSH_FAILED,
+    SW_VERS,
     SYSCTL,
     TB_JSON,
     thunderbolt_iface_set,
@@ -57,12 +58,38 @@ CODE_ORDER = (
 )
 
 
+# Without these a host is unknown: what it is and which macOS it runs. No backend can be vouched
+# for on an unknown host, however many hosts there are (one Mac needs no cable, but it must be
+# a Mac that answered).
+ESSENTIAL_FILES = frozenset({SW_VERS})
+_WHAT_IS_UNKNOWN = {SW_VERS: "whether it is a Mac and which macOS it runs"}
+
+
 def _version(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split(".") if x.isdigit())
 
 
+def _unreachable(h: HostFacts) -> str | None:
+    """ssh's reason when nothing came back from the host (every gap the same ssh failure)."""
+    reasons = {g.reason for g in h.gaps}
+    if len(reasons) == 1 and next(iter(reasons)).startswith(SSH_FAILED):
+        return next(iter(reasons))
+    return None
+
+
+def unknown_hosts(hosts: Sequence[HostFacts]) -> tuple[str, ...]:
+    """Hosts no verdict can rest on: unreachable, or an essential probe missing or unparsable."""
+    return tuple(
+        h.name
+        for h in hosts
+        if h.is_mac and (_unreachable(h) or any(g.file in ESSENTIAL_FILES for g in h.gaps))
+    )
+
+
 def _gap_blocks(h: HostFacts, gap: ProbeGap, rdma: frozenset[Backend]) -> frozenset[Backend]:
     """Which backends can't be verified without this file."""
+    if gap.file in ESSENTIAL_FILES:
+        return ALL_BACKENDS
     if gap.file == SYSCTL:
         return NO_BACKEND  # only chip and memory: the planner reports what that costs
     if gap.file == IFCONFIG:
@@ -73,19 +100,14 @@ def _gap_blocks(h: HostFacts, gap: ProbeGap, rdma: frozenset[Backend]) -> frozen
 
 
 def _probe_missing(h: HostFacts, rdma: frozenset[Backend]) -> list[Finding]:
-    reasons = {g.reason for g in h.gaps}
-    if len(reasons) == 1 and next(iter(reasons)).startswith(SSH_FAILED):  # nothing came back
-        reason = reasons.pop()
+    reason = _unreachable(h)
+    if reason is not None:  # nothing came back: nothing is known, whatever the host count
         fix = (
             f"Check that `ssh {h.ssh or h.name} true` works without a password prompt, then take a "
             "new snapshot with `mlx-cluster topology snapshot`."
         )
-        blocks = rdma | RING
-        return [
-            Finding(
-                "probe_missing", (h.name,), f"{h.name}: no file recorded ({reason})", fix, blocks
-            )
-        ]
+        message = f"{h.name}: no file recorded ({reason}); nothing is known about this host"
+        return [Finding("probe_missing", (h.name,), message, fix, ALL_BACKENDS)]
     found = []
     for g in h.gaps:
         cmd = " ".join(COMMANDS.get(g.file, (g.file,)))
@@ -93,15 +115,10 @@ def _probe_missing(h: HostFacts, rdma: frozenset[Backend]) -> list[Finding]:
             f"Run `{cmd}` on {h.name} and save its output as {h.name}/{g.file} in the snapshot, "
             "or take a new one with `mlx-cluster topology snapshot`."
         )
-        found.append(
-            Finding(
-                "probe_missing",
-                (h.name,),
-                f"{h.name}: {g.file}: {g.reason}",
-                fix,
-                _gap_blocks(h, g, rdma),
-            )
-        )
+        if g.file in _WHAT_IS_UNKNOWN:
+            fix += f" Until then {_WHAT_IS_UNKNOWN[g.file]} is unknown."
+        message = f"{h.name}: {g.file}: {g.reason}"
+        found.append(Finding("probe_missing", (h.name,), message, fix, _gap_blocks(h, g, rdma)))
     return found
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from topology.facts import CheckResult, HostFacts, Link
+from topology.problems import unknown_hosts
 
 _GIB = 1 << 30
 _KIND = {"jaccl": "full RDMA mesh", "jaccl-ring": "RDMA ring", "ring": "TCP ring"}
@@ -93,6 +94,13 @@ def _verdict(result: CheckResult) -> str:
     )
     errors = sum(1 for p in result.problems if p.severity == "error")
     n = len(result.hosts)
+    unknown = unknown_hosts(result.hosts)
+    if unknown:  # no verdict rests on facts that were never gathered
+        return (
+            f"Verdict: NOT ready for {goal}: nothing reliable is known about "
+            f"{', '.join(unknown)} (probe_missing above says what and how to get it). "
+            f"Best backend today: {best}."
+        )
     if result.ok and result.backend == goal:
         return f"Verdict: ready for {goal} ({_KIND[goal]} over {n} hosts)."
     if result.ok:

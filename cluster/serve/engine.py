@@ -15,7 +15,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.serve.control import Step
 from cluster.serve.prefix_cache import PrefixCache
-from cluster.serve.sampling import request_processors, request_sampler
+from cluster.serve.sampling import Fault, guarded, request_processors, request_sampler
 
 # The longest prompt chunk of a step; every step message sets the chunk (Step.chunk) below it.
 MAX_CHUNK = 2048
@@ -46,6 +46,7 @@ class Engine:
         )
         self.cache = PrefixCache(cache_tokens)
         self.active: set[int] = set()  # uids inserted and not yet finished or removed
+        self.faults: dict[int, Fault] = {}  # uid -> what its sampler/processors raised
         self._share_prompt: set[int] = set()  # uids whose prompt is cached once read
         self.prefill_rate = self._warm_up(model, stream)
 
@@ -64,19 +65,29 @@ class Engine:
     def idle(self) -> bool:
         return not self.active
 
-    def apply(self, step: Step) -> list[int]:
-        """Removals, the prompt chunk, then the new sequences; returns their uids in order."""
+    def apply(self, step: Step) -> list[int | str]:
+        """Removals, the prompt chunk, then the new sequences; returns their uids in order (or,
+        for one whose sampler or processors could not be built, the error: it never joins)."""
         if step.remove:
             self.gen.remove(step.remove)
             self.active.difference_update(step.remove)
             self._share_prompt.difference_update(step.remove)
         if step.chunk:
             self.gen.prefill_step_size = min(step.chunk, MAX_CHUNK)
-        uids = []
+        uids: list[int | str] = []
         for a in step.add:
+            fault = Fault()
+            try:  # the request's own settings (a seed, a grammar) must not stop the batch
+                sampler, processors = guarded(
+                    request_sampler(a.sampling),
+                    request_processors(a.sampling, self.tokenizer),
+                    fault,
+                )
+            except Exception as e:
+                fault.catch(e)
+                uids.append(str(fault.message))
+                continue
             cache, head = self.cache.take(a.entry, a.reuse) if a.entry is not None else (None, [])
-            sampler = request_sampler(a.sampling)
-            processors = request_processors(a.sampling, self.tokenizer)
             (uid,) = self.gen.insert_segments(
                 [[a.ids]],
                 max_tokens=[a.max_tokens],
@@ -86,10 +97,17 @@ class Engine:
                 logits_processors=[processors],
             )
             uids.append(uid)
+            self.active.add(uid)
+            self.faults[uid] = fault
             if a.share_prompt:
                 self._share_prompt.add(uid)
-        self.active.update(uids)
         return uids
+
+    def failed(self) -> dict[int, str]:
+        """Sequences whose sampler or processors raised since the last call (uid -> error)."""
+        out = {u: f.message for u, f in self.faults.items() if f.message is not None}
+        self.faults = {u: f for u, f in self.faults.items() if u in self.active and u not in out}
+        return out
 
     def next(self) -> tuple[list[Any], list[Any]]:
         """One step: a decode step for the running sequences and one chunk of prompt.

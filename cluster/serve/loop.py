@@ -23,6 +23,7 @@ from cluster.generate import PROGRESS_EVERY_S, Emit
 from cluster.job import RankJob
 from cluster.serve.control import Step, share
 from cluster.serve.engine import MAX_CHUNK, Engine
+from cluster.serve.requests import Limits
 from cluster.serve.scheduler import Scheduler
 
 DEFAULT_MAX_RUNNING = 8
@@ -45,6 +46,14 @@ class ServeOptions:
             prefix_cache_tokens=max(0, int(o.get("prefix_cache_tokens", DEFAULT_CACHE_TOKENS))),
             token_delay_s=float(o.get("token_delay_s", 0.0)),
         )
+
+
+def model_limits(model: nn.Module, tokenizer: TokenizerWrapper) -> Limits:
+    """The vocabulary and context the model's config declares (mlx-lm keeps it as `args`)."""
+    args = getattr(model, "args", None)
+    vocab = int(getattr(args, "vocab_size", 0) or 0) or len(tokenizer.get_vocab())
+    context = getattr(args, "max_position_embeddings", None)
+    return Limits(vocab, int(context) if context else None)
 
 
 def serve(
@@ -73,6 +82,7 @@ def serve(
             options.max_running,
             MAX_CHUNK,
             engine.prefill_rate,
+            model_limits(model, tokenizer),
         )
         if job.rank == 0
         else None
@@ -92,8 +102,10 @@ def serve(
         for _ in range(step.steps):
             started = time.monotonic()
             prompt_responses, responses = engine.next()
+            faults = engine.failed()  # on every rank: each forgets its faulted sequences
             if scheduler is not None:
-                scheduler.observe(prompt_responses, responses, time.monotonic() - started)
+                took = time.monotonic() - started
+                scheduler.observe(prompt_responses, responses, took, faults)
                 scheduler.flush()
             if time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                 stage = "prompt" if prompt_responses else "decode"

@@ -16,13 +16,23 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from cluster.serve.constraints import GrammarError, check_grammar, json_grammar, tool_call_grammar
 from cluster.serve.control import Sampling
 
+MAX_SEED = 2**63 - 1  # seeds are int64 for OpenAI; n choices add their index, and MLX takes uint64
+
 
 class RequestError(Exception):
     """A request rank 0 cannot run (bad prompt): reported for that request, nothing broadcast."""
 
-    def __init__(self, message: str, request_id: str = "") -> None:
+    def __init__(self, message: str, request_id: str = "", code: str | None = None) -> None:
         super().__init__(message)
-        self.request_id = request_id
+        self.request_id, self.code = request_id, code
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the model accepts: checked on rank 0 before a request reaches the batch."""
+
+    vocab: int  # width of the logits (token ids and logit_bias keys must be below it)
+    context: int | None = None  # max_position_embeddings: prompt + max_tokens must fit
 
 
 @dataclass(frozen=True)
@@ -44,7 +54,7 @@ class Cancel:
     id: str
 
 
-def prompt_ids(request: dict[str, Any], tokenizer: TokenizerWrapper) -> list[int]:
+def prompt_ids(request: dict[str, Any], tokenizer: TokenizerWrapper, vocab: int) -> list[int]:
     """Chat messages (and tools) through the model's chat template; a raw prompt as mlx-lm
     encodes it."""
     if request.get("messages") is not None:
@@ -60,7 +70,6 @@ def prompt_ids(request: dict[str, Any], tokenizer: TokenizerWrapper) -> list[int
         return [int(i) for i in ids]
     if request.get("prompt_ids") is not None:
         ids = [int(i) for i in request["prompt_ids"]]
-        vocab = len(tokenizer.get_vocab())
         if any(not 0 <= i < vocab for i in ids):
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
         return ids
@@ -110,23 +119,53 @@ def _grammar(raw: dict[str, Any], tokenizer: TokenizerWrapper) -> tuple[str, str
     return mode, grammar
 
 
-def _sampling(raw: dict[str, Any], grammar: str | None) -> Sampling:
-    bias = raw.get("logit_bias") or {}
+def _sampling(raw: dict[str, Any], grammar: str | None, vocab: int) -> Sampling:
+    bias = {int(k): float(v) for k, v in (raw.get("logit_bias") or {}).items()}
+    if any(not 0 <= k < vocab for k in bias):
+        raise RequestError(f"logit_bias token ids must be in [0, {vocab})")
+    seed = int(raw["seed"])
+    if not 0 <= seed <= MAX_SEED:
+        raise RequestError(f"seed must be from 0 to {MAX_SEED}")
+    top_k = int(raw.get("top_k") or 0)
     return Sampling(
         temperature=float(raw["temperature"]),
         top_p=float(raw["top_p"]),
-        top_k=int(raw.get("top_k") or 0),
+        top_k=top_k if 0 < top_k < vocab else 0,  # keeping the whole vocabulary is no filter
         min_p=float(raw.get("min_p") or 0.0),
-        seed=int(raw["seed"]),
+        seed=seed,
         presence_penalty=float(raw.get("presence_penalty") or 0.0),
         frequency_penalty=float(raw.get("frequency_penalty") or 0.0),
         repetition_penalty=float(raw.get("repetition_penalty") or 0.0),
-        logit_bias={str(int(k)): float(v) for k, v in bias.items()},
+        logit_bias={str(k): v for k, v in bias.items()},
         grammar=grammar,
     )
 
 
-def parse_line(line: str, tokenizer: TokenizerWrapper) -> Request | Cancel:
+def _max_tokens(raw: dict[str, Any], prompt: int, context: int | None) -> int:
+    """max_tokens, checked against the model's context: a prompt that leaves no room is refused
+    with the limit named; a default (not asked for) shrinks to the room left."""
+    asked = int(raw["max_tokens"])
+    if not asked >= 1:
+        raise RequestError("max_tokens must be at least 1")
+    if context is None:
+        return asked
+    room = context - prompt
+    if room < 1:
+        raise RequestError(
+            f"the prompt is {prompt} tokens and this model's context is {context}: "
+            "shorten the prompt",
+            code="context_length_exceeded",
+        )
+    if asked > room and not raw.get("max_tokens_default"):
+        raise RequestError(
+            f"max_tokens {asked} + the prompt's {prompt} tokens exceed this model's context of "
+            f"{context} tokens: ask for at most {room}",
+            code="context_length_exceeded",
+        )
+    return min(asked, room)
+
+
+def parse_line(line: str, tokenizer: TokenizerWrapper, limits: Limits) -> Request | Cancel:
     """One stdin line → a request or a cancel; RequestError (with the id when known) if bad."""
     request_id = ""
     try:
@@ -134,18 +173,19 @@ def parse_line(line: str, tokenizer: TokenizerWrapper) -> Request | Cancel:
         if "cancel" in raw:
             return Cancel(str(raw["cancel"]))
         request_id = str(raw["id"])
-        ids = prompt_ids(raw, tokenizer)
+        ids = prompt_ids(raw, tokenizer, limits.vocab)
         if not ids:
             raise RequestError("the prompt is empty after tokenization")
         if raw.get("count_only"):
             return Request(request_id, ids, 0, Sampling(), count_only=True)
+        max_tokens = _max_tokens(raw, len(ids), limits.context)
         mode, grammar = _grammar(raw, tokenizer)
         logprobs = raw.get("logprobs")
         return Request(
             id=request_id,
             ids=ids,
-            max_tokens=int(raw["max_tokens"]),
-            sampling=_sampling(raw, grammar),
+            max_tokens=max_tokens,
+            sampling=_sampling(raw, grammar, limits.vocab),
             stop=[str(s) for s in raw.get("stop") or []],
             n=max(1, int(raw.get("n") or 1)),
             logprobs=None if logprobs is None else int(logprobs),
@@ -155,9 +195,9 @@ def parse_line(line: str, tokenizer: TokenizerWrapper) -> Request | Cancel:
     except GrammarError as e:
         raise RequestError(f"response_format / tools: {e}", request_id) from None
     except RequestError as e:
-        raise RequestError(str(e), request_id) from None
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise RequestError(f"bad request line: {e}", request_id) from None
+        raise RequestError(str(e), request_id, e.code) from None
+    except Exception as e:  # whatever else this request's contents raise, it fails alone
+        raise RequestError(f"bad request: {type(e).__name__}: {e}", request_id) from None
 
 
 class StopScanner:

@@ -10,6 +10,7 @@ Greedy requests share one argmax sampler, so an all-greedy batch samples in one 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
@@ -55,3 +56,44 @@ def request_processors(s: Sampling, tokenizer: TokenizerWrapper) -> list[Process
     if s.grammar is not None:
         processors.append(GrammarProcessor(s.grammar, tokenizer))
     return processors
+
+
+@dataclass
+class Fault:
+    """What one sequence's own code (sampler, processors) raised, if anything: the request then
+    ends with that error and the batch goes on (set the same way on every rank)."""
+
+    message: str | None = None
+
+    def catch(self, e: Exception) -> None:
+        if self.message is None:
+            self.message = f"{type(e).__name__}: {e}"
+
+
+def guarded(
+    sampler: Sampler | None, processors: list[Processor], fault: Fault
+) -> tuple[Sampler | None, list[Processor]]:
+    """The sequence's sampler and processors, made unable to raise into the batch step: a
+    failure is recorded in `fault`, and from then on the logits pass through and the token is the
+    argmax, until the sequence is taken out at the next decision."""
+
+    def process(p: Processor) -> Processor:
+        def run(tokens: mx.array, logits: mx.array) -> mx.array:
+            if fault.message is None:
+                try:
+                    return p(tokens, logits)
+                except Exception as e:
+                    fault.catch(e)
+            return logits
+
+        return run
+
+    def sample(logprobs: mx.array) -> mx.array:
+        if fault.message is None and sampler is not None:
+            try:
+                return sampler(logprobs)
+            except Exception as e:
+                fault.catch(e)
+        return mx.argmax(logprobs, axis=-1)
+
+    return (None if sampler is None else sample), [process(p) for p in processors]

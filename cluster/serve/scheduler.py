@@ -23,7 +23,7 @@ from cluster.serve.control import Admit, Step
 from cluster.serve.engine import PREFILL_BATCH
 from cluster.serve.output import ChoiceOutput
 from cluster.serve.prefix_cache import PrefixCache
-from cluster.serve.requests import Cancel, Request, RequestError, parse_line
+from cluster.serve.requests import Cancel, Limits, Request, RequestError, parse_line
 
 Emit = Callable[..., None]
 Choice = tuple[Request, int]  # a request and the index of one of its n choices
@@ -46,8 +46,9 @@ class Scheduler:
         max_running: int,
         max_chunk: int,
         prefill_rate: float,
+        limits: Limits,
     ) -> None:
-        self.tokenizer, self.lines, self.cache = tokenizer, lines, cache
+        self.tokenizer, self.lines, self.cache, self.limits = tokenizer, lines, cache, limits
         self._emit = emit
         self._out: list[dict[str, Any]] = []  # request events wait here for flush()
         self.max_running, self.max_chunk = max_running, max_chunk
@@ -115,9 +116,10 @@ class Scheduler:
                 break
         for line in lines:
             try:
-                item = parse_line(line, self.tokenizer)
+                item = parse_line(line, self.tokenizer, self.limits)
             except RequestError as e:
-                self.emit("request_error", id=e.request_id, kind="input", message=str(e))
+                code = {"code": e.code} if e.code else {}
+                self.emit("request_error", id=e.request_id, kind="input", message=str(e), **code)
                 continue
             if isinstance(item, Cancel):
                 self._cancel(item.id)
@@ -167,9 +169,13 @@ class Scheduler:
         """Choice 0's prompt is in the cache (or it left): its siblings go first in line."""
         self.pending.extendleft(reversed(self.siblings.pop(uid, [])))
 
-    def admitted(self, uids: list[int]) -> None:
-        """The batch took this decision's choices as `uids` (in order)."""
+    def admitted(self, uids: list[int | str]) -> None:
+        """The batch took this decision's choices as `uids` (in order); an error in place of a
+        uid: that choice could not join, and its request fails alone."""
         for uid, ((request, index), reuse) in zip(uids, self._admitted, strict=True):
+            if isinstance(uid, str):
+                self._fail(request, f"the request's sampling settings failed: {uid}")
+                continue
             self.running[uid] = ChoiceOutput(request, index, reuse, self.tokenizer, self.emit)
             self.remaining[uid] = request.max_tokens
             self.prefilling.add(uid)
@@ -183,9 +189,27 @@ class Scheduler:
                 cached_tokens=reuse,
             )
 
+    def _fail(self, request: Request, message: str, kind: str = "internal") -> None:
+        """One request ends with an error (all its choices leave the batch); the rest go on."""
+        for uid in [u for u, out in self.running.items() if out.request is request]:
+            self.siblings.pop(uid, None)
+            self._leave(uid)
+        self.pending = deque(c for c in self.pending if c[0] is not request)
+        self.emit("request_error", id=request.id, kind=kind, message=message)
+
     # --- observing ------------------------------------------------------------------------------
-    def observe(self, prompt_responses: list[Any], responses: list[Any], took_s: float) -> None:
-        """One step's results: text to the clients, finished choices, the step's pace."""
+    def observe(
+        self,
+        prompt_responses: list[Any],
+        responses: list[Any],
+        took_s: float,
+        faults: dict[int, str],
+    ) -> None:
+        """One step's results: text to the clients, finished choices, the step's pace. A
+        choice whose own code failed (faults, or its output here) ends its request alone."""
+        for uid, message in faults.items():
+            if (out := self.running.get(uid)) is not None:
+                self._fail(out.request, f"decoding failed: {message}")
         read = 0
         for r in prompt_responses:
             read += r.progress[0] - self._read.get(r.uid, 0)
@@ -208,7 +232,11 @@ class Scheduler:
             if out is None:
                 continue
             self.remaining[r.uid] = self.remaining.get(r.uid, 1) - 1
-            stopped = out.token(r.token, r.finish_reason, r.logprobs)
+            try:
+                stopped = out.token(r.token, r.finish_reason, r.logprobs)
+            except Exception as e:  # detokenizing, tool parsing: this request's output only
+                self._fail(out.request, f"writing the output failed: {type(e).__name__}: {e}")
+                continue
             if stopped:  # a stop string: done for the client now, out of the batch next step
                 self._leave(r.uid)
             elif r.finish_reason is not None:

@@ -11,6 +11,7 @@ from types import FrameType
 
 import click
 
+from launcher.cli.options import DIRECTORY, PORT, Number, Text
 from launcher.discovery.agent import (
     DEFAULT_TTL_S,
     Agent,
@@ -59,16 +60,26 @@ def _serve_until_signalled(agent: Agent) -> None:
 @click.command("agent")
 @click.option(
     "--port",
-    type=click.IntRange(0, 65535),
+    type=PORT,
     default=0,
     show_default=True,
     help="HTTP port for the snapshot (0: any free port; it is advertised).",
 )
-@click.option("--interface", metavar="IF", help="Serve and advertise only on this interface.")
-@click.option("--name", metavar="N", help="Host name to advertise (default: this host's name).")
+@click.option(
+    "--interface",
+    type=Text("a network interface, e.g. en0", max_chars=64),
+    metavar="IF",
+    help="Serve and advertise only on this interface.",
+)
+@click.option(
+    "--name",
+    type=Text("a host name", max_chars=255),
+    metavar="N",
+    help="Host name to advertise (default: this host's name).",
+)
 @click.option(
     "--ttl",
-    type=click.IntRange(1, 4500),
+    type=Number(int, 1, 4500, note="seconds"),
     default=DEFAULT_TTL_S,
     show_default=True,
     help="Seconds others keep this agent after it vanishes without saying goodbye.",
@@ -76,13 +87,14 @@ def _serve_until_signalled(agent: Agent) -> None:
 @click.option(
     "--ssh",
     "ssh_dest",
+    type=Text("an ssh destination: host, user@host or an address", max_chars=255),
     metavar="DEST",
     help="What other hosts should ssh to (default: this host's first address).",
 )
 @click.option(
     "--snapshot",
     "snapshot_dir",
-    type=click.Path(path_type=Path),
+    type=DIRECTORY,
     metavar="DIR",
     help="Serve this recorded host snapshot instead of probing (demos, tests).",
 )

@@ -36,7 +36,16 @@ from launcher.bench.runs import (
     run_calibration,
     run_case,
 )
-from launcher.cli.options import check_hosts_source
+from launcher.cli.options import (
+    CLUSTER,
+    FILE,
+    LOCAL,
+    MAX_TOKENS,
+    MODEL,
+    Number,
+    Text,
+    check_hosts_source,
+)
 from launcher.ranks.supervisor import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -51,6 +60,7 @@ from topology.planning.calibration import Calibration
 
 STRATEGY_NAMES = ("tensor", "pipeline")
 CALIBRATE_LARGE_BYTES = 32 << 20  # a "large" all-reduce: prefill-sized, link-bandwidth bound
+SIZE_DIGITS = 4  # a host count has at most this many digits (int() of more is slow or refused)
 
 
 def parse_sizes(text: str | None, max_hosts: int) -> list[int]:
@@ -58,10 +68,9 @@ def parse_sizes(text: str | None, max_hosts: int) -> list[int]:
     if text is None:
         sizes = [k for k in (1, 2, 4, 8, 16) if k <= max_hosts] + [max_hosts]
         return sorted(set(sizes))
-    try:
-        sizes = [int(part) for part in text.split(",")]
-    except ValueError:
-        sizes = []
+    parts = [part.strip(" ") for part in text.split(",")]  # "1, 2" is fine; "1\n" is not
+    ok = all(p.isascii() and p.isdigit() and len(p) <= SIZE_DIGITS for p in parts)
+    sizes = [int(p) for p in parts] if ok else []
     if not sizes or min(sizes) < 1:
         raise InputError(f"--sizes {text}: give host counts of 1 or more, e.g. --sizes 1,2,4")
     if max(sizes) > max_hosts:
@@ -70,20 +79,11 @@ def parse_sizes(text: str | None, max_hosts: int) -> list[int]:
 
 
 def parse_strategies(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",")]
+    names = [s.strip(" ") for s in text.split(",")]
     bad = [s for s in names if s not in STRATEGY_NAMES]
     if bad or not names:
         raise InputError(f"--strategies {text}: use tensor, pipeline or tensor,pipeline")
     return list(dict.fromkeys(names))
-
-
-def _check_numbers(prompt_tokens: int, gen_tokens: int, trials: int) -> None:
-    if prompt_tokens < 1:
-        raise InputError(f"-p must be at least 1 prompt token, got {prompt_tokens}")
-    if gen_tokens < 2:
-        raise InputError(f"-g must be at least 2 (latency needs two tokens), got {gen_tokens}")
-    if trials < 1:
-        raise InputError(f"--trials must be at least 1, got {trials}")
 
 
 def _check_output(path: Path | None, flag: str) -> None:
@@ -149,17 +149,36 @@ def _say_failure(what: str, outcome: Outcome) -> None:
 
 
 @click.command("bench")
-@click.argument("cluster_file", required=False, metavar="[CLUSTER.yaml]")
-@click.option("--local", type=int, help="Benchmark 1..N ranks on this machine (ring, 127.0.0.1).")
-@click.option("--model", required=True, help="Model directory or Hugging Face repo id.")
-@click.option("--sizes", help="Host counts to run, e.g. 1,2,4 [1, 2, 4, ... up to all hosts].")
-@click.option("--strategies", default="tensor,pipeline", show_default=True)
-@click.option("-p", "--prompt-tokens", type=int, default=256, show_default=True)
-@click.option("-g", "--gen-tokens", type=int, default=128, show_default=True)
-@click.option("--trials", type=int, default=3, show_default=True, help="Timed runs per size.")
+@click.argument("cluster_file", required=False, metavar="[CLUSTER.yaml]", type=CLUSTER)
+@click.option("--local", type=LOCAL, help="Benchmark 1..N ranks on this machine (ring, 127.0.0.1).")
+@click.option("--model", type=MODEL, required=True, help="Model directory or Hugging Face repo id.")
+@click.option(
+    "--sizes",
+    type=Text("host counts, e.g. 1,2,4", max_chars=256),
+    help="Host counts to run, e.g. 1,2,4 [1, 2, 4, ... up to all hosts].",
+)
+@click.option(
+    "--strategies",
+    type=Text("tensor, pipeline or tensor,pipeline", max_chars=256),
+    default="tensor,pipeline",
+    show_default=True,
+)
+@click.option(
+    "-p", "--prompt-tokens", type=Number(int, 1, MAX_TOKENS), default=256, show_default=True
+)
+@click.option(
+    "-g",
+    "--gen-tokens",
+    type=Number(int, 2, MAX_TOKENS, note="latency needs two tokens"),
+    default=128,
+    show_default=True,
+)
+@click.option(
+    "--trials", type=Number(int, 1, 1000), default=3, show_default=True, help="Timed runs per size."
+)
 @click.option("--backend", type=click.Choice(BACKENDS), help="Default: the cluster file's.")
-@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Write results here.")
-@click.option("--plot", "plot_file", type=click.Path(path_type=Path), help="Write a PNG chart.")
+@click.option("--json", "json_file", type=FILE, help="Write results here.")
+@click.option("--plot", "plot_file", type=FILE, help="Write a PNG chart.")
 @click.option("--calibrate", is_flag=True, help="Measure links and memory first; save for plans.")
 def bench_cmd(
     cluster_file: str | None,
@@ -176,7 +195,6 @@ def bench_cmd(
     calibrate: bool,
 ) -> int:
     """Measure tokens/s over 1..N hosts per strategy, beside the planner's prediction."""
-    _check_numbers(prompt_tokens, gen_tokens, trials)
     strategy_list = parse_strategies(strategies)
     _check_output(json_file, "--json")
     _check_output(plot_file, "--plot")

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from launcher.cli.launch import run_launch, summary_line
+from launcher.cli.options import PROMPT, TOKENS
 from launcher.ranks.jobs import Generation
 from launcher.ranks.supervisor import EXIT_RANK_FAILED, Deadlines
 from launcher.ranks.target import local_target
@@ -62,12 +63,10 @@ def _run(
 
 
 @click.command("demo")
-@click.option("--prompt", default=DEMO_PROMPT, show_default=True)
-@click.option("--max-tokens", type=int, default=40, show_default=True)
+@click.option("--prompt", type=PROMPT, default=DEMO_PROMPT, show_default=True)
+@click.option("--max-tokens", type=TOKENS, default=40, show_default=True)
 def demo(prompt: str, max_tokens: int) -> int:
     """Run a tiny model tensor-parallel on 2 local ranks and check it against one process."""
-    if max_tokens < 1:
-        raise click.UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
     model = str(demo_model())
     generation = Generation(prompt, max_tokens)
     deadlines = Deadlines(rank_timeout_s=30.0, load_timeout_s=120.0)

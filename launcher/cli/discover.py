@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from launcher.cli.options import FILE, Number
 from launcher.discovery.browse import Discovery, FoundAgent
 from launcher.discovery.cluster import DEFAULT_TIMEOUT_S, browse, cluster_yaml
 from topology.errors import InputError
@@ -52,7 +53,7 @@ def _write(path: Path, agents: tuple[FoundAgent, ...]) -> None:
 @click.command("discover")
 @click.option(
     "--timeout",
-    type=click.FloatRange(0.5, 600),
+    type=Number(float, 0.5, 600, note="seconds"),
     default=DEFAULT_TIMEOUT_S,
     show_default=True,
     help="Seconds to listen for agents.",
@@ -60,7 +61,7 @@ def _write(path: Path, agents: tuple[FoundAgent, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print one JSON object {"agents": [...]}.')
 @click.option(
     "--write-cluster",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     help="Write a cluster file (hosts: name, ssh, ips) for the agents found.",
 )
 def discover_cmd(timeout: float, as_json: bool, write_cluster: Path | None) -> int:

@@ -14,6 +14,15 @@ from typing import Any, TextIO
 import click
 
 from launcher.cli.options import (
+    CLUSTER,
+    LOCAL,
+    MODEL,
+    PROMPT,
+    SEED,
+    TEMP,
+    TOKENS,
+    TOP_P,
+    Text,
     check_deadlines,
     check_local,
     deadline_options,
@@ -111,6 +120,32 @@ class _LoadingDisplay:
             self.active = False
 
 
+class _PromptProgress:
+    """Rank 0's prompt processing on stderr, once a prompt takes more than one prefill step
+    (cluster/generate.py reports each): a line per step, rewritten in place on a terminal.
+    stdout (the generated text) is untouched."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.tty = stream, stream.isatty()
+
+    def __call__(self, rank: int, event: dict[str, Any]) -> None:
+        if rank != 0 or event.get("event") != "progress" or event.get("stage") != "prompt":
+            return
+        done, total, chunk = event.get("done"), event.get("total"), event.get("chunk")
+        if not (isinstance(done, int) and isinstance(total, int) and isinstance(chunk, int)):
+            return
+        # mlx-lm prefills all but the last token in steps of `chunk`, then reports `total` at
+        # the first token; the step ending at total - 1 is that moment too.
+        if total - 1 <= chunk or done <= 0 or done == total - 1:
+            return
+        line = f"prompt: {done}/{total} tokens"
+        if self.tty:
+            self.stream.write(f"\r\033[K{line}" + ("\n" if done >= total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
 def run_launch(
     target: LaunchTarget,
     model: str,
@@ -142,20 +177,17 @@ def run_launch(
             open_line = not text.endswith("\n")
 
     loading = _LoadingDisplay(sys.stderr, len(jobs))
-    outcome = supervise(rank_launches(target, jobs), write, loading, deadlines)
+    prompt = _PromptProgress(sys.stderr)
+
+    def on_event(rank: int, event: dict[str, Any]) -> None:
+        loading(rank, event)
+        prompt(rank, event)
+
+    outcome = supervise(rank_launches(target, jobs), write, on_event, deadlines)
     if open_line and text_out is not None:
         text_out.write("\n")
         text_out.flush()
     return LaunchRun(outcome, target)
-
-
-def _check_numbers(max_tokens: int, temp: float, top_p: float) -> None:
-    if max_tokens < 1:
-        raise InputError(f"--max-tokens must be at least 1, got {max_tokens}")
-    if temp < 0:
-        raise InputError(f"--temp must be 0 (greedy) or more, got {temp}")
-    if not 0 < top_p <= 1:
-        raise InputError(f"--top-p must be in (0, 1], got {top_p}")
 
 
 def resolve_target(
@@ -190,19 +222,23 @@ def _unreachable(cluster: ClusterSpec | None) -> int:
 
 
 @click.command("launch")
-@click.argument("cluster_file", required=False, metavar="[CLUSTER.yaml]")
+@click.argument("cluster_file", required=False, metavar="[CLUSTER.yaml]", type=CLUSTER)
 @click.option(
-    "--local", type=int, metavar="N", help="Run N ranks on this machine (ring over 127.0.0.1)."
+    "--local", type=LOCAL, metavar="N", help="Run N ranks on this machine (ring over 127.0.0.1)."
 )
 @click.option(
-    "--plan", "plan_dir", metavar="DIR", help="Use plan.json + hostfile.json from `plan --out DIR`."
+    "--plan",
+    "plan_dir",
+    type=Text("a directory written by `plan --out DIR`"),
+    metavar="DIR",
+    help="Use plan.json + hostfile.json from `plan --out DIR`.",
 )
-@click.option("--model", metavar="M", help="Model directory or Hugging Face repo id.")
-@click.option("--prompt", required=True, help="The prompt.")
-@click.option("--max-tokens", type=int, default=100, show_default=True)
-@click.option("--temp", type=float, default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--model", type=MODEL, metavar="M", help="Model directory or Hugging Face repo id.")
+@click.option("--prompt", type=PROMPT, required=True, help="The prompt.")
+@click.option("--max-tokens", type=TOKENS, default=100, show_default=True)
+@click.option("--temp", type=TEMP, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-p", type=TOP_P, default=1.0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @placement_options
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line at the end.")
@@ -227,7 +263,6 @@ def launch(
     job_option: tuple[str, ...],
 ) -> int:
     """Run the model across the hosts and stream the generated text."""
-    _check_numbers(max_tokens, temp, top_p)
     deadlines = check_deadlines(rank_timeout, load_timeout)
     options = job_options(job_option)
     if sum(x is not None for x in (cluster_file, local, plan_dir)) != 1:

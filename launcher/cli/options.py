@@ -1,13 +1,17 @@
-"""What `launch`, `serve` and `bench` share: where the ranks run, and how long they may stall.
+"""Shared CLI option types and options: numbers and text checked whole, before anything runs.
 
-One definition each, so the three commands accept and refuse the same things the same way.
+One definition each, so every command accepts and refuses the same things the same way. A value
+out of range is a click usage error: main.py prints it as one line and exits 2.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import unicodedata
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -17,6 +21,161 @@ from topology.cluster_file import BACKENDS, STRATEGIES
 from topology.errors import InputError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+SHOWN_CHARS = 40  # how much of a refused value an error line repeats
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_NUMBER_CHARS = 64  # longer is never a sane number: refused before int() or float() sees it
+
+
+def shown(value: object) -> str:
+    """A value as an error line may repeat it: repr'd (no raw newline), at most SHOWN_CHARS."""
+    text = repr(value) if type(value) is str else str(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+
+
+class BadValue(click.BadParameter):
+    """A refused option value, printed as `--flag must be ..., got X` (one line)."""
+
+    def format_message(self) -> str:
+        param = self.param
+        if isinstance(param, click.Option):
+            name = "/".join(param.opts)
+        elif param is not None:  # an argument: its metavar, as --help shows it, unbracketed
+            name = param.human_readable_name.strip("[]. ")
+        else:
+            name = "a value"
+        return f"{name} {self.message}"
+
+
+class Number(click.ParamType):
+    """An int or a finite float within [low, high] (low excluded when low_open), parsed whole.
+
+    click's FloatRange lets nan through, and int()/float() accept " 5\\n", "1_0" and 4000-digit
+    strings; this refuses them all.
+    `positive_min`: values in (0, positive_min) are refused too (a temperature of 1e-45 makes
+    the sampler's 1/temp infinite).
+    """
+
+    def __init__(
+        self,
+        kind: type[int] | type[float],
+        low: float,
+        high: float,
+        *,
+        low_open: bool = False,
+        positive_min: float | None = None,
+        note: str = "",
+    ) -> None:
+        self.kind, self.low, self.high, self.low_open = kind, low, high, low_open
+        self.positive_min, self.note = positive_min, note
+        self.name = "integer" if kind is int else "float"
+
+    def _range(self) -> str:
+        what = "a whole number" if self.kind is int else "a finite number"
+        low = f"above {self.low:g}" if self.low_open else f"{self._fmt(self.low)}"
+        return f"{what} from {low} to {self._fmt(self.high)}"
+
+    def _fmt(self, n: float) -> str:
+        return str(int(n)) if self.kind is int else f"{n:g}"
+
+    def _fail(self, why: str, value: object, param: Any, ctx: Any) -> BadValue:
+        note = f" ({self.note})" if self.note else ""
+        return BadValue(f"must be {why}{note}, got {shown(value)}", ctx, param)
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        n = self._parse(value, param, ctx)
+        # A parsed string matched the number pattern: safe to repeat as typed ("0", not "0.0").
+        typed = NumberText(value) if isinstance(value, str) else n
+        if self.kind is float and not math.isfinite(n):
+            raise self._fail(self._range(), value, param, ctx)
+        if n < self.low or (self.low_open and n == self.low):
+            word = "more than" if self.low_open else "at least"
+            raise self._fail(f"{word} {self._fmt(self.low)}", typed, param, ctx)
+        if n > self.high:
+            raise self._fail(f"at most {self._fmt(self.high)}", typed, param, ctx)
+        if self.positive_min is not None and 0 < n < self.positive_min:
+            raise self._fail(f"0 or at least {self.positive_min:g}", typed, param, ctx)
+        return n
+
+    def _parse(self, value: Any, param: Any, ctx: Any) -> int | float:
+        if isinstance(value, bool):
+            raise self._fail(self._range(), value, param, ctx)
+        if isinstance(value, int | float):  # a default, or a caller's value
+            return self.kind(value)
+        text = str(value)
+        pattern = _INT if self.kind is int else _FLOAT
+        if len(text) > _NUMBER_CHARS or not pattern.fullmatch(text):  # nan and inf too
+            raise self._fail(self._range(), value, param, ctx)
+        return self.kind(text)
+
+
+class NumberText(str):
+    """A number as typed: `shown` repeats it without quotes."""
+
+
+_ALLOWED_IN_LINES = frozenset("\n\t\r")
+
+
+def _control(c: str, multiline: bool) -> bool:
+    if multiline and c in _ALLOWED_IN_LINES:
+        return False
+    return unicodedata.category(c) == "Cc" or c in "\u2028\u2029"
+
+
+class Text(click.ParamType):
+    """A string checked whole: UTF-8 (no undecodable argv bytes), not empty, no control
+    characters (a trailing newline included) unless multiline, at most max_chars."""
+
+    name = "text"
+
+    def __init__(
+        self, what: str, *, multiline: bool = False, max_chars: int = 4096, path: bool = False
+    ) -> None:
+        self.what, self.multiline, self.max_chars, self.path = what, multiline, max_chars, path
+        self.name = "path" if path else "text"  # --help's metavar
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, Path):
+            value = str(value)
+        if not isinstance(value, str):
+            raise BadValue(f"must be {self.what}, got {shown(value)}", ctx, param)
+        if any("\ud800" <= c <= "\udfff" for c in value):  # os.fsdecode's undecodable bytes
+            raise BadValue(f"must be UTF-8 text ({self.what}), got {shown(value)}", ctx, param)
+        if not value:
+            raise BadValue(f"must not be empty: give {self.what}", ctx, param)
+        if any(_control(c, self.multiline) for c in value):
+            raise BadValue(
+                f"must not contain control characters such as a newline, got {shown(value)}",
+                ctx,
+                param,
+            )
+        if len(value) > self.max_chars:
+            raise BadValue(
+                f"is too long ({len(value)} characters, at most {self.max_chars}): "
+                f"give {self.what}",
+                ctx,
+                param,
+            )
+        return Path(value) if self.path else value
+
+
+# Ranges (the README's table lists them). Tokens: 2^24 covers the longest contexts published.
+MAX_TOKENS = 1 << 24
+LOCAL = Number(int, 1, 64, note="ranks on this machine")
+SEED = Number(int, 0, (1 << 64) - 1)  # what mx.random.seed takes (uint64)
+TOKENS = Number(int, 1, MAX_TOKENS)
+CONTEXT = Number(int, 1, MAX_TOKENS, note="tokens")
+TEMP = Number(float, 0, 10, positive_min=1e-3, note="0 = greedy")
+TOP_P = Number(float, 0, 1, low_open=True)
+PORT = Number(int, 0, 65535, note="0: any free port")
+TIMEOUT_S = Number(float, 0.5, 86400, note="seconds")
+MODEL = Text("a model directory or a Hugging Face repo id")
+CLUSTER = Text("a cluster file (CLUSTER.yaml)")
+HOSTS = Text("comma-separated ssh destinations, e.g. a,b", max_chars=16384)
+PROMPT = Text("the prompt", multiline=True, max_chars=1 << 24)
+FILE = Text("a file path", path=True)
+DIRECTORY = Text("a directory path", path=True)
 
 
 def check_hosts_source(cluster_file: str | None, local: int | None, backend: str | None) -> None:
@@ -36,13 +195,13 @@ def check_local(local: int | None, backend: str | None) -> None:
 
 
 def check_deadlines(rank_timeout: float, load_timeout: float) -> Deadlines:
-    if not math.isfinite(rank_timeout) or not math.isfinite(load_timeout):
-        raise InputError("--rank-timeout and --load-timeout must be finite numbers of seconds")
-    if rank_timeout <= 0:
-        raise InputError(f"--rank-timeout must be a positive number of seconds, got {rank_timeout}")
+    """The two deadlines (each already in TIMEOUT_S's range), in the order they apply."""
     if load_timeout < rank_timeout:
         raise InputError("--load-timeout must be at least --rank-timeout")
     return Deadlines(rank_timeout_s=rank_timeout, load_timeout_s=load_timeout)
+
+
+JOB_OPTION_CHARS = 10_000  # test hooks are short; a deep JSON nest would hit the recursion limit
 
 
 def job_options(items: tuple[str, ...]) -> dict[str, Any]:
@@ -50,10 +209,12 @@ def job_options(items: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
+        if len(item) > JOB_OPTION_CHARS:
+            raise InputError(f"--job-option {shown(item)}: at most {JOB_OPTION_CHARS} characters")
         try:
             out[key] = json.loads(value) if sep else True
-        except json.JSONDecodeError:
-            raise InputError(f"--job-option {item}: the value must be JSON") from None
+        except (json.JSONDecodeError, RecursionError):
+            raise InputError(f"--job-option {shown(item)}: the value must be JSON") from None
     return out
 
 
@@ -73,14 +234,14 @@ def deadline_options(rank_timeout_s: float, what: str) -> Callable[[F], F]:
     def add(f: F) -> F:
         f = click.option(
             "--load-timeout",
-            type=float,
+            type=TIMEOUT_S,
             default=Deadlines.load_timeout_s,
             show_default=True,
             help="The same allowance while weights load (reset by each loading step).",
         )(f)
         return click.option(
             "--rank-timeout",
-            type=float,
+            type=TIMEOUT_S,
             default=rank_timeout_s,
             show_default=True,
             help=f"Seconds a rank may go silent or make no progress before {what}.",

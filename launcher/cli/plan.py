@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from launcher.cli.options import CLUSTER, CONTEXT, DIRECTORY, LOCAL, MODEL
 from launcher.planning.cluster_plan import plan_for_cluster, plan_for_local, plan_for_snapshot
 from launcher.planning.model_source import load_model_spec
 from topology.cluster_file import BACKENDS
@@ -25,8 +26,6 @@ def _sources(cluster: str | None, snapshot: Path | None, local: int | None) -> N
         raise InputError(
             f"give exactly one of CLUSTER.yaml, --snapshot DIR or --local N (got {what})"
         )
-    if local is not None and local < 1:
-        raise InputError(f"--local: needs at least 1 rank, got {local} (e.g. --local 2)")
 
 
 def _out_dir(out: Path) -> None:
@@ -53,16 +52,17 @@ def _write(out: Path, plan: Plan, hostfile: dict[str, Any], cluster: str | None)
 
 
 @click.command("plan")
-@click.argument("cluster", required=False, metavar="[CLUSTER.yaml]")
+@click.argument("cluster", required=False, metavar="[CLUSTER.yaml]", type=CLUSTER)
+@click.option("--snapshot", type=DIRECTORY, metavar="DIR", help="Plan on a recorded snapshot.")
 @click.option(
-    "--snapshot",
-    type=click.Path(path_type=Path),
-    metavar="DIR",
-    help="Plan on a recorded snapshot.",
+    "--local", type=LOCAL, metavar="N", help="N ranks on this machine (ring on 127.0.0.1)."
 )
-@click.option("--local", type=int, metavar="N", help="N ranks on this machine (ring on 127.0.0.1).")
 @click.option(
-    "--model", required=True, metavar="M", help="Model directory or Hugging Face repo id."
+    "--model",
+    type=MODEL,
+    required=True,
+    metavar="M",
+    help="Model directory or Hugging Face repo id.",
 )
 @click.option(
     "--strategy", type=click.Choice(STRATEGIES), help="Default: the cluster file's, else auto."
@@ -72,14 +72,14 @@ def _write(out: Path, plan: Plan, hostfile: dict[str, Any], cluster: str | None)
 )
 @click.option(
     "--context",
-    type=int,
+    type=CONTEXT,
     default=DEFAULT_CONTEXT,
     show_default=True,
     help="Context tokens to reserve KV cache for.",
 )
 @click.option(
     "--out",
-    type=click.Path(path_type=Path),
+    type=DIRECTORY,
     metavar="DIR",
     help="Write plan.json and hostfile.json (and the cluster file) here.",
 )
@@ -99,8 +99,6 @@ def plan_cmd(
 ) -> int:
     """Plan a model over the hosts: exit 0 with a plan, 1 when none is valid, 2 bad input."""
     _sources(cluster, snapshot, local)
-    if context < 1:
-        raise InputError(f"--context: must be at least 1 token, got {context}")
     if local is not None and backend not in (None, "auto", "ring"):
         raise InputError(f"--local runs ranks over the ring backend on 127.0.0.1, not {backend}")
     if out is not None:

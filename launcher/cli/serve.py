@@ -8,13 +8,18 @@ run in serve mode (cluster/serve/loop.py). One line on stdout once the model is 
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 
 import click
 
 from launcher.cli.options import (
+    CLUSTER,
+    LOCAL,
+    MODEL,
+    PORT,
+    Number,
+    Text,
     check_deadlines,
     check_hosts_source,
     deadline_options,
@@ -35,29 +40,13 @@ from topology.errors import InputError
 
 RANK_TIMEOUT_S = 6.0  # lower than launch's: a lost rank must fail its request within 10 s
 STOP_TIMEOUT_S = 15.0  # ranks get SIGTERM, then SIGKILL after the grace period
+CONCURRENCY = Number(int, 1, 1024, note="sequences in one batch")
+QUEUE = Number(int, 0, 1_000_000, note="0: no waiting")
+CACHE_GB = Number(float, 0, 4096, note="GiB per rank, 0: off")
 
 
 def _log(message: str) -> None:
     click.echo(f"mlx-cluster: {message}", err=True)
-
-
-def _check(
-    port: int, max_concurrency: int, max_queue: int, prefix_cache_gb: float | None
-) -> int | None:
-    """Refuse bad numbers; the prefix cache budget in bytes (None: from the plan)."""
-    if not 0 <= port <= 65535:
-        raise InputError(f"--port must be 0-65535 (0: any free port), got {port}")
-    if max_concurrency < 1:
-        raise InputError(f"--max-concurrency must be at least 1, got {max_concurrency}")
-    if max_queue < 0:
-        raise InputError(f"--max-queue must be 0 or more (0: no waiting), got {max_queue}")
-    if prefix_cache_gb is None:
-        return None
-    if not math.isfinite(prefix_cache_gb) or prefix_cache_gb < 0:
-        raise InputError(
-            f"--prefix-cache-gb must be a number of GiB, 0 or more (0: off), got {prefix_cache_gb}"
-        )
-    return int(prefix_cache_gb * GIB)
 
 
 def _source(
@@ -88,33 +77,40 @@ def _listen(host: str, port: int, app: ServeApp) -> HttpServer:
 
 
 @click.command("serve")
-@click.argument("cluster_file", required=False, metavar="[CLUSTER.yaml]")
-@click.option("--local", type=int, help="Run N ranks on this machine (ring over 127.0.0.1).")
-@click.option("--model", help="Model directory or Hugging Face repo id.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=8080, show_default=True, help="0: any free port.")
+@click.argument("cluster_file", required=False, metavar="[CLUSTER.yaml]", type=CLUSTER)
+@click.option("--local", type=LOCAL, help="Run N ranks on this machine (ring over 127.0.0.1).")
+@click.option("--model", type=MODEL, help="Model directory or Hugging Face repo id.")
+@click.option(
+    "--host",
+    type=Text("an address to listen on", max_chars=255),
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on.",
+)
+@click.option("--port", type=PORT, default=8080, show_default=True, help="0: any free port.")
 @click.option(
     "--api-key",
+    type=Text("an API key", max_chars=4096),
     envvar="MLX_CLUSTER_API_KEY",
     help="Require 'Authorization: Bearer KEY' on /v1/ requests (or set MLX_CLUSTER_API_KEY).",
 )
 @click.option(
     "--max-concurrency",
-    type=int,
+    type=CONCURRENCY,
     default=8,
     show_default=True,
     help="Sequences decoding at once (one batch on the ranks).",
 )
 @click.option(
     "--max-queue",
-    type=int,
+    type=QUEUE,
     default=64,
     show_default=True,
     help="Requests waiting beyond --max-concurrency; more get 429.",
 )
 @click.option(
     "--prefix-cache-gb",
-    type=float,
+    type=CACHE_GB,
     help="Memory per rank for reusing prompt prefixes (0: off). Default: half the plan's "
     "headroom, at most 8.",
 )
@@ -138,7 +134,7 @@ def serve_cmd(
     job_option: tuple[str, ...],
 ) -> int:
     """Serve the model over an OpenAI-compatible HTTP API, re-planning when a rank dies."""
-    cache_bytes = _check(port, max_concurrency, max_queue, prefix_cache_gb)
+    cache_bytes = None if prefix_cache_gb is None else int(prefix_cache_gb * GIB)
     deadlines = check_deadlines(rank_timeout, load_timeout)
     if api_key is not None and not api_key.strip():
         raise InputError("--api-key / MLX_CLUSTER_API_KEY is empty: give a key or leave it unset")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from launcher.cli.options import CLUSTER, CONTEXT, DIRECTORY, FILE, HOSTS, MODEL
 from launcher.discovery.cluster import discovered_cluster, refuse_other_sources
 from launcher.hosts.gather import cluster_from_args, cluster_to_probe, probe_facts
 from launcher.hosts.probe import probe_hosts
@@ -42,11 +43,11 @@ def _write_dot(path: Path, result: CheckResult) -> None:
 
 
 @topology.command("check")
-@click.argument("cluster", required=False, metavar="[CLUSTER.yaml]")
-@click.option("--hosts", metavar="A,B", help="Comma-separated ssh destinations to probe.")
+@click.argument("cluster", required=False, metavar="[CLUSTER.yaml]", type=CLUSTER)
 @click.option(
-    "--snapshot", type=click.Path(path_type=Path), metavar="DIR", help="Check a recorded snapshot."
+    "--hosts", type=HOSTS, metavar="A,B", help="Comma-separated ssh destinations to probe."
 )
+@click.option("--snapshot", type=DIRECTORY, metavar="DIR", help="Check a recorded snapshot.")
 @click.option("--discover", is_flag=True, help=_DISCOVER_HELP)
 @click.option(
     "--backend",
@@ -54,11 +55,14 @@ def _write_dot(path: Path, result: CheckResult) -> None:
     help="Target backend (default: the cluster file's, else auto = jaccl).",
 )
 @click.option(
-    "--model", metavar="M", help="Also check that this model fits and divides (dir or HF repo id)."
+    "--model",
+    type=MODEL,
+    metavar="M",
+    help="Also check that this model fits and divides (dir or HF repo id).",
 )
 @click.option(
     "--context",
-    type=click.IntRange(1),
+    type=CONTEXT,
     default=DEFAULT_CONTEXT,
     show_default=True,
     help="Context tokens for --model.",
@@ -69,7 +73,7 @@ def _write_dot(path: Path, result: CheckResult) -> None:
 @click.option(
     "--dot",
     "dot_file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=FILE,
     metavar="FILE",
     help="Write Graphviz of the wiring.",
 )
@@ -85,6 +89,8 @@ def check_cmd(
     dot_file: Path | None,
 ) -> int:
     """Check the wiring against a backend: exit 0 ready, 1 something blocks it, 2 bad input."""
+    if dot_file is not None and dot_file.is_dir():  # refused before any host is probed
+        raise InputError(f"--dot {dot_file}: is a directory; name the file to write")
     spec: ClusterSpec | None
     if discover:
         refuse_other_sources(cluster=cluster, hosts=hosts, snapshot=snapshot)
@@ -123,15 +129,18 @@ def _summary(name: str, files: dict[str, str | None], out: Path) -> str:
 
 
 @topology.command("snapshot")
-@click.argument("cluster", required=False, metavar="[CLUSTER.yaml]")
+@click.argument("cluster", required=False, metavar="[CLUSTER.yaml]", type=CLUSTER)
 @click.option(
-    "--hosts", metavar="A,B", help="Comma-separated ssh destinations (`localhost` = here)."
+    "--hosts",
+    type=HOSTS,
+    metavar="A,B",
+    help="Comma-separated ssh destinations (`localhost` = here).",
 )
 @click.option(
     "--out",
     "out",
     required=True,
-    type=click.Path(path_type=Path),
+    type=DIRECTORY,
     metavar="DIR",
     help="New directory to write.",
 )

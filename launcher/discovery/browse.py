@@ -9,7 +9,6 @@ answer is gone. A stopped agent sends goodbye packets and is gone at once.
 from __future__ import annotations
 
 import http.client
-import json
 import queue
 import sys
 import time
@@ -29,10 +28,12 @@ from zeroconf import (
 from launcher.discovery.http import SNAPSHOT_PATH
 from launcher.discovery.txt import SERVICE_TYPE, AgentFacts, TxtError, decode_txt, is_ipv4
 from launcher.hosts.snapshots import snapshot_file_name
+from topology.untrusted import clean, parse_json
 
 _RESOLVE_TIMEOUT_MS = 1500  # one agent's SRV/TXT/A answer; LAN answers take well under 200 ms
 _REFRESH_EVERY_S = 0.5  # how often known agents are re-checked (a cache hit costs nothing)
 _SNAPSHOT_MAX_BYTES = 16 * 1024 * 1024  # a real snapshot is ~100 KB
+_SNAPSHOT_MAX_DEPTH = 4
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,8 @@ def _get_json(address: str, port: int, path: str, timeout_s: float) -> Any:
             raise OSError(f"HTTP {resp.status}")
         if len(body) > _SNAPSHOT_MAX_BYTES:
             raise OSError("answer too large")
-        return json.loads(body)
+        # {file: text} is two levels deep; Refused and UnicodeDecodeError are ValueErrors
+        return parse_json(body.decode("utf-8"), max_depth=_SNAPSHOT_MAX_DEPTH)
     finally:
         conn.close()
 
@@ -204,7 +206,7 @@ def fetch_snapshot(agent: FoundAgent, timeout_s: float = 5.0) -> dict[str, str |
         try:
             raw = _get_json(address, agent.port, SNAPSHOT_PATH, timeout_s)
         except (OSError, ValueError, http.client.HTTPException) as e:
-            errors.append(f"{address}:{agent.port}: {e or type(e).__name__}")
+            errors.append(f"{address}:{agent.port}: {clean(str(e) or type(e).__name__, 120)}")
             continue
         if not isinstance(raw, dict) or not all(
             isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in raw.items()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from topology.facts import HostFacts, RdmaState
+from topology.untrusted import show
 
 SERVICE_TYPE = "_mlx-cluster._tcp.local."
 PROTOCOL = "1"  # bump when keys change meaning; discover ignores agents speaking another one
@@ -21,10 +22,12 @@ PROTOCOL = "1"  # bump when keys change meaning; discover ignores agents speakin
 _TXT_STRING_MAX = 255
 _NAME_MAX = 63
 # A cluster file host name, minus '.': the name is one DNS label of the service instance.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-_SSH_RE = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9._-]*$")
-_UUID_RE = re.compile(r"^[0-9A-Fa-f-]{1,64}$")
-_TEXT_RE = re.compile(r"^[\x20-\x7e]{1,100}$")  # chip / macOS: printable, short
+# Matched whole (fullmatch): `$` would let a trailing newline through.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+_SSH_RE = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9][A-Za-z0-9._-]*")
+_UUID_RE = re.compile(r"[0-9A-Fa-f-]{1,64}")
+_TEXT_RE = re.compile(r"[\x20-\x7e]{1,100}")  # chip / macOS: printable, short
+_MEM_RE = re.compile(r"[0-9]{1,16}")  # bytes: up to 9 PB
 _RDMA_STATES: tuple[RdmaState, ...] = ("enabled", "disabled", "unknown")
 
 
@@ -54,12 +57,12 @@ class AgentFacts:
 
 
 def valid_name(name: str) -> bool:
-    return len(name) <= _NAME_MAX and bool(_NAME_RE.match(name))
+    return len(name) <= _NAME_MAX and bool(_NAME_RE.fullmatch(name))
 
 
 def valid_ssh(ssh: str) -> bool:
     # No leading '-': ssh would read the destination as an option.
-    return len(ssh) <= _NAME_MAX * 2 and not ssh.startswith("-") and bool(_SSH_RE.match(ssh))
+    return len(ssh) <= _NAME_MAX * 2 and not ssh.startswith("-") and bool(_SSH_RE.fullmatch(ssh))
 
 
 def agent_facts(facts: HostFacts, ssh: str, version: str) -> AgentFacts:
@@ -102,7 +105,7 @@ def encode_txt(facts: AgentFacts) -> dict[str, str]:
         txt["macos"] = facts.macos[:100]
     txt["rdma"] = facts.rdma
     txt["mac"] = "1" if facts.is_mac else "0"
-    txt.update(_uuid_chunks(tuple(u for u in facts.tb_uuids if _UUID_RE.match(u))))
+    txt.update(_uuid_chunks(tuple(u for u in facts.tb_uuids if _UUID_RE.fullmatch(u))))
     return txt
 
 
@@ -112,7 +115,7 @@ class TxtError(ValueError):
 
 def _text(props: Mapping[str, str | None], key: str) -> str | None:
     value = props.get(key)
-    if value is None or not _TEXT_RE.match(value):
+    if value is None or not _TEXT_RE.fullmatch(value):
         return None
     return value
 
@@ -121,13 +124,13 @@ def decode_txt(props: Mapping[str, str | None]) -> AgentFacts:
     """AgentFacts from decoded TXT properties; TxtError when name/ssh/protocol are unusable."""
     proto = props.get("proto")
     if proto != PROTOCOL:
-        raise TxtError(f"speaks agent protocol {proto!r}, this mlx-cluster speaks {PROTOCOL!r}")
+        raise TxtError(f"speaks agent protocol {show(proto, 20)}, this one speaks {PROTOCOL!r}")
     name = props.get("name") or ""
     if not valid_name(name):
-        raise TxtError(f"advertises an unusable host name {name[:70]!r}")
+        raise TxtError(f"advertises an unusable host name {show(name, 70)}")
     ssh = props.get("ssh") or ""
     if not valid_ssh(ssh):
-        raise TxtError(f"{name}: advertises an unusable ssh destination {ssh[:70]!r}")
+        raise TxtError(f"{name}: advertises an unusable ssh destination {show(ssh, 70)}")
     mem = props.get("mem")
     rdma = props.get("rdma")
     uuids: list[str] = []
@@ -135,13 +138,13 @@ def decode_txt(props: Mapping[str, str | None]) -> AgentFacts:
         chunk = props.get("tb" if i == 0 else f"tb{i}")
         if chunk is None:
             break
-        uuids.extend(u for u in chunk.split(",") if _UUID_RE.match(u))
+        uuids.extend(u for u in chunk.split(",") if _UUID_RE.fullmatch(u))
     return AgentFacts(
         name=name,
         ssh=ssh,
         version=_text(props, "ver") or "unknown",
         chip=_text(props, "chip"),
-        memory_bytes=int(mem) if mem is not None and mem.isdigit() and len(mem) < 20 else None,
+        memory_bytes=int(mem) if mem is not None and _MEM_RE.fullmatch(mem) else None,
         macos=_text(props, "macos"),
         rdma=next((s for s in _RDMA_STATES if s == rdma), "unknown"),
         is_mac=props.get("mac") == "1",

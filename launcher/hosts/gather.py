@@ -5,20 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.hosts.probe import probe_hosts
-from topology.cluster_file import ClusterSpec, HostSpec, hosts_from_list, parse_cluster
+from topology.cluster_file import (
+    MAX_FILE_BYTES,
+    ClusterSpec,
+    HostSpec,
+    hosts_from_list,
+    parse_cluster,
+)
 from topology.errors import InputError
 from topology.facts import HostFacts
 from topology.host_facts import host_facts
 
 
 def read_cluster(path: str) -> ClusterSpec:
+    """The cluster file at `path`, read as bytes (at most the size limit) and checked whole."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)  # parse_cluster names the file when it is over
     except FileNotFoundError:
         raise InputError(f"{path}: no such cluster file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read it as a text file ({e})") from None
-    return parse_cluster(text, path)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read it ({e.strerror})") from None
+    return parse_cluster(data, path)
 
 
 def cluster_from_args(

@@ -6,27 +6,36 @@ that is not a snapshot at all is an InputError naming it. Writing stores the byt
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from topology.cluster_file import HostSpec, parse_cluster
+from topology.cluster_file import MAX_HOSTS, NAME_MAX, NAME_RE, HostSpec, parse_host
 from topology.errors import InputError
 from topology.facts import SNAPSHOT_FILES, HostFacts
 from topology.host_facts import ERROR_SUFFIX, UNAME_FILE, host_facts
+from topology.untrusted import clean, load_yaml
 
 HOST_YAML = "host.yaml"
 KNOWN_FILES = (*SNAPSHOT_FILES, UNAME_FILE)
 _MAX_FILE_BYTES = 16 * 1024 * 1024  # a real command output is well under 1 MB
+_MAX_HOST_YAML_BYTES = 64 * 1024  # `ssh:` and `ips:`: a few lines
+
+
+def _read_bytes(path: Path, limit: int, what: str) -> bytes:
+    """At most `limit` bytes (read with a cap, so a file growing meanwhile changes nothing)."""
+    with path.open("rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(f"{path}: larger than {limit:,} bytes, not {what}")
+    return data
 
 
 def _read_text(path: Path) -> str:
-    if path.stat().st_size > _MAX_FILE_BYTES:
-        raise InputError(f"{path}: larger than 16 MB, not a command output")
-    return path.read_bytes().decode("utf-8", "surrogateescape")
+    # surrogateescape: the bytes as probed, written back unchanged; the parsers check values
+    return _read_bytes(path, _MAX_FILE_BYTES, "a command output").decode("utf-8", "surrogateescape")
 
 
 def read_host_files(host_dir: Path) -> dict[str, str | None]:
@@ -46,42 +55,37 @@ def read_host_files(host_dir: Path) -> dict[str, str | None]:
     return files
 
 
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: much faster
-
-
 def _read_host_yaml(host_dir: Path) -> dict[str, Any]:
     path = host_dir / HOST_YAML
     if not path.is_file():
         return {}
     try:
-        raw = yaml.load(_read_text(path), Loader=_LOADER) or {}
-    except yaml.YAMLError:
-        raise InputError(f"{path}: not valid YAML; write `ssh: host` and `ips: [...]`") from None
+        data = _read_bytes(path, _MAX_HOST_YAML_BYTES, "a host.yaml")
     except OSError as e:
         raise InputError(f"{path}: cannot read it ({e.strerror})") from None
+    try:
+        raw = load_yaml(data, str(path), max_bytes=_MAX_HOST_YAML_BYTES) or {}
+    except InputError as e:
+        raise InputError(f"{e}; write `ssh: host` and `ips: [...]`") from None
     if not isinstance(raw, dict):
         raise InputError(f"{path}: must be a mapping with `ssh:` and `ips:`")
     return raw
 
 
-def _validate(dirs: list[Path], raws: list[dict[str, Any]]) -> None:
-    """Directory names and host.yaml values by the cluster file's rules (one parse for all)."""
-    entries = [{"ssh": "x", **raw, "name": d.name} for d, raw in zip(dirs, raws, strict=True)]
-    try:
-        parse_cluster(yaml.safe_dump({"hosts": entries}), "snapshot")
-    except InputError as e:
-        m = re.match(r"snapshot: hosts\[(\d+)\]\.?(\w*): (.*)", str(e))
-        if m is None:
-            raise
-        d, key, what = dirs[int(m[1])], m[2], m[3]
-        if key == "name":
-            raise InputError(
-                f"{d}: {d.name!r} is not a valid host name; rename the directory "
-                "(letters, digits, '.', '_', '-')"
-            ) from None
+def _settings(d: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """host.yaml checked by the cluster file's rules, as host_facts takes it (no ssh: None)."""
+    if len(d.name) > NAME_MAX or not NAME_RE.fullmatch(d.name):
         raise InputError(
-            f"{d / HOST_YAML}: {key}: {what}" if key else f"{d / HOST_YAML}: {what}"
-        ) from None
+            f"{clean(str(d), 200)}: {clean(d.name)!r} is not a valid host name; rename the "
+            "directory (letters, digits, '.', '_', '-')"
+        )
+    spec = parse_host(str(d / HOST_YAML), "", {**raw, "name": d.name})
+    return {
+        "ssh": spec.ssh if "ssh" in raw else None,
+        "ips": list(spec.ips),
+        "wired_limit_gb": spec.wired_limit_gb,
+        "bandwidth_gbs": spec.bandwidth_gbs,
+    }
 
 
 def _host_dirs(directory: Path) -> list[Path]:
@@ -97,6 +101,8 @@ def _host_dirs(directory: Path) -> list[Path]:
             f"{where}: this is one host's directory; give its parent (one subdirectory per host)"
         )
     dirs = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if len(dirs) > MAX_HOSTS:
+        raise InputError(f"{where}: {len(dirs)} host directories; at most {MAX_HOSTS} are read")
     if not any((d / f).is_file() for d in dirs for f in (*KNOWN_FILES, HOST_YAML)):
         raise InputError(
             f"{where}: not a snapshot (no host subdirectory holds {SNAPSHOT_FILES[0]} or "
@@ -110,9 +116,8 @@ def load_snapshot_files(
 ) -> dict[str, tuple[dict[str, str | None], dict[str, Any]]]:
     """Per host name: (its files, its host.yaml mapping)."""
     dirs = _host_dirs(Path(directory))
-    raws = [_read_host_yaml(d) for d in dirs]
-    _validate(dirs, raws)
-    return {d.name: (read_host_files(d), raw) for d, raw in zip(dirs, raws, strict=True)}
+    settings = [_settings(d, _read_host_yaml(d)) for d in dirs]  # all checked before any read
+    return {d.name: (read_host_files(d), raw) for d, raw in zip(dirs, settings, strict=True)}
 
 
 def load_snapshot(directory: str | Path) -> tuple[HostFacts, ...]:

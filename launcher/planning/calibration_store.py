@@ -12,9 +12,11 @@ from pathlib import Path
 
 from topology.errors import InputError
 from topology.planning.calibration import Calibration
+from topology.untrusted import load_json
 
 CACHE_ENV = "MLX_CLUSTER_CACHE"
 FILE_NAME = "calibration.json"
+_MAX_BYTES = 1 << 20  # a few measurements per backend and host: a few KB
 
 
 def calibration_path() -> Path:
@@ -27,15 +29,20 @@ def load_calibration(path: Path | None = None) -> Calibration | None:
     """The saved calibration, None when there is none; InputError when the file is broken."""
     path = path or calibration_path()
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            data = f.read(_MAX_BYTES + 1)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise InputError(
             f"{path}: cannot read it ({e}); delete it or re-run bench --calibrate"
         ) from None
     try:
-        return Calibration.from_json(json.loads(text))
+        raw = load_json(data, str(path), max_bytes=_MAX_BYTES)
+    except InputError as e:
+        raise InputError(f"{e}; delete it or re-run `mlx-cluster bench --calibrate`") from None
+    try:
+        return Calibration.from_json(raw)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise InputError(
             f"{path}: not a calibration file ({type(e).__name__}: {e}); "

@@ -19,7 +19,7 @@ from topology.cluster_file import ClusterSpec
 from topology.facts import HostFacts
 from topology.model.spec import ModelSpec
 from topology.planning.hostfile import hostfile_json
-from topology.planning.plan import DEFAULT_CONTEXT, LOCAL_IP, Plan, plan_cluster, plan_local
+from topology.planning.plan import LOCAL_IP, Plan, plan_cluster, plan_local
 from topology.problems import check
 
 _SYSCTL_TIMEOUT_S = 5.0
@@ -67,7 +67,7 @@ def plan_for_facts(
     *,
     strategy: str = "auto",
     backend: str = "auto",
-    context: int = DEFAULT_CONTEXT,
+    context: int | None = None,  # None: the default, capped at the model's context
     envs: Sequence[str] = (),
 ) -> tuple[Plan, dict[str, Any]]:
     """Check the hosts, plan, and the mlx.launch hostfile (no hosts when there is no plan)."""
@@ -87,7 +87,7 @@ def plan_for_cluster(
     *,
     strategy: str = "auto",
     backend: str = "auto",
-    context: int = DEFAULT_CONTEXT,
+    context: int | None = None,  # None: the default, capped at the model's context
 ) -> tuple[Plan, dict[str, Any]]:
     """Probe a cluster file's hosts live, check and plan (used by `plan` and `launch`)."""
     from launcher.hosts.gather import probe_facts
@@ -100,7 +100,7 @@ def plan_for_cluster(
 
 
 def plan_for_snapshot(
-    directory: Path, model_spec: ModelSpec, *, strategy: str, backend: str, context: int
+    directory: Path, model_spec: ModelSpec, *, strategy: str, backend: str, context: int | None
 ) -> tuple[Plan, dict[str, Any]]:
     from launcher.hosts.snapshots import load_snapshot
 
@@ -110,7 +110,7 @@ def plan_for_snapshot(
 
 
 def plan_for_local(
-    n: int, model_spec: ModelSpec, *, strategy: str, context: int
+    n: int, model_spec: ModelSpec, *, strategy: str, context: int | None
 ) -> tuple[Plan, dict[str, Any]]:
     plan = plan_local(
         this_machine(), n, model_spec, strategy=strategy, context=context,

@@ -6,7 +6,6 @@ first, then huggingface_hub downloads just that file; offline and not cached is 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,10 +14,14 @@ from typing import Any
 from cluster.fetch import hub_reachable
 from topology.errors import InputError
 from topology.model.spec import ModelSpec, spec_from_config
+from topology.untrusted import load_json
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+# A config.json is a few KB; an index lists every tensor (a 1T-parameter model's: ~20 MB).
+MAX_CONFIG_BYTES = 8 << 20
+MAX_INDEX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -38,20 +41,21 @@ def resolve_model(model: str) -> ModelSource:
         raise InputError(
             f"--model {model}: is a file; give the model's directory (with config.json)"
         )
-    if _REPO_ID.match(model):  # exactly one "/", no leading "." "/" "~": not a path
+    if _REPO_ID.fullmatch(model):  # exactly one "/", no leading "." "/" "~": not a path
         return ModelSource("hub", model)
     raise InputError(
         f"--model {model}: no such directory, and not a Hugging Face repo id (org/name)"
     )
 
 
-def _read_json(path: Path, label: str) -> Any:
+def _read_json(path: Path, label: str, max_bytes: int) -> Any:
+    """The file's JSON value, through the parser boundary (size, depth, UTF-8, numbers)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
+        with path.open("rb") as f:
+            data = f.read(max_bytes + 1)  # never more than the limit, whatever the file holds
+    except OSError as e:
         raise InputError(f"{label}: cannot read it ({e.__class__.__name__}: {e})") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{label}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    return load_json(data, label, max_bytes=max_bytes)
 
 
 def _offline(repo: str) -> InputError:
@@ -120,13 +124,13 @@ def load_model_spec(model: str) -> ModelSpec:
         index_path = _hub_file(src.id, INDEX, required=False)
     if config_path is None:
         raise _offline(src.id)
-    config = _read_json(config_path, label)
+    config = _read_json(config_path, label, MAX_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise InputError(f"{label}: must be a JSON object")
     index = None
     if index_path is not None:
         index_label = label.replace(CONFIG, INDEX)
-        index = _read_json(index_path, index_label)
+        index = _read_json(index_path, index_label, MAX_INDEX_BYTES)
         if not isinstance(index, dict):
             raise InputError(f"{index_label}: must be a JSON object")
     return replace(spec_from_config(config, index, source=label), source=src.id)

@@ -7,24 +7,24 @@ now). Remote ranks run `python -m cluster.rank` through launcher/hosts/ssh.py's 
 
 from __future__ import annotations
 
-import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cluster.job import RankJob
 from launcher.cli.options import check_local
 from launcher.ranks.jobs import DEFAULT_PORT, LOCAL_IP
 from launcher.ranks.process import RankLaunch
-from topology.cluster_file import ClusterSpec, HostSpec, parse_cluster
+from topology.cluster_file import ClusterSpec, HostSpec, cluster_from_mapping
 from topology.errors import InputError
-from topology.planning.plan import DEFAULT_CONTEXT, Plan
+from topology.planning.plan import Plan
+from topology.untrusted import load_json
 
 RANK_MODULE = ("-m", "cluster.rank")
 CLUSTER_COPY = "cluster.yaml"  # the cluster file a plan was made from, next to plan.json
+_MAX_PLAN_BYTES = 4 << 20  # plan.json / hostfile.json of a 64-host plan: tens of KB
 
 
 @dataclass(frozen=True)
@@ -63,20 +63,25 @@ def local_target(n: int, model: str, strategy: str) -> LaunchTarget:
     from launcher.planning.model_source import load_model_spec
 
     check_local(n, None)
-    plan, hostfile = plan_for_local(
-        n, load_model_spec(model), strategy=strategy, context=DEFAULT_CONTEXT
-    )
+    plan, hostfile = plan_for_local(n, load_model_spec(model), strategy=strategy, context=None)
     _refuse_invalid(plan, f"--local {n}")
     return LaunchTarget(plan, hostfile)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        raw = json.loads(path.read_text())
+        with path.open("rb") as f:
+            data = f.read(_MAX_PLAN_BYTES + 1)
     except FileNotFoundError:
         raise InputError(f"{path} not found: write it with `mlx-cluster plan --out DIR`") from None
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: not readable JSON ({e}); re-run `mlx-cluster plan`") from None
+    except OSError as e:
+        raise InputError(
+            f"{path}: cannot read it ({e.strerror}); re-run `mlx-cluster plan`"
+        ) from None
+    try:
+        raw = load_json(data, str(path), max_bytes=_MAX_PLAN_BYTES)
+    except InputError as e:
+        raise InputError(f"{e}; re-run `mlx-cluster plan`") from None
     if not isinstance(raw, dict):
         raise InputError(f"{path}: expected a JSON object; re-run `mlx-cluster plan --out DIR`")
     return raw
@@ -106,9 +111,44 @@ def plan_dir_target(directory: str, model: str | None) -> LaunchTarget:
         raise InputError(
             f"{d / 'hostfile.json'}: does not match plan.json's {len(plan.ranks)} ranks"
         )
+    _check_hostfile(d / "hostfile.json", hostfile, hosts)
     if plan.local:
         return LaunchTarget(plan, hostfile)
     return LaunchTarget(plan, hostfile, _plan_cluster(d, plan, hosts), port=DEFAULT_PORT)
+
+
+_RDMA_DEVICE = re.compile(r"rdma_[A-Za-z0-9_.-]{1,32}")
+
+
+def _check_hostfile(path: Path, hostfile: dict[str, Any], hosts: list[Any]) -> None:
+    """hostfile.json's values reach rank environments and addresses: check them like a cluster
+    file's (ssh, ips, envs), and its RDMA matrix as device names."""
+    if hostfile.get("backend") not in (None, "ring", "jaccl", "jaccl-ring"):
+        raise InputError(f"{path}: backend: must be ring, jaccl or jaccl-ring")
+    if not all(isinstance(h, dict) for h in hosts):
+        raise InputError(f"{path}: every entry of hosts must be an object")
+    entries = [
+        {"name": f"rank{i}", "ssh": h.get("ssh") or "localhost", "ips": h.get("ips") or []}
+        for i, h in enumerate(hosts)
+    ]
+    cluster_from_mapping({"hosts": entries, "env": hostfile.get("envs", [])}, str(path))
+    for i, h in enumerate(hosts):
+        row = h.get("rdma")
+        if row is not None and not (
+            isinstance(row, list)
+            and len(row) in (0, len(hosts))  # [] when the backend uses no RDMA
+            and all(_rdma_cell(v) for v in row)
+        ):
+            raise InputError(
+                f"{path}: hosts[{i}].rdma: must list {len(hosts)} rdma_enX devices or null"
+            )
+
+
+def _rdma_cell(v: Any) -> bool:
+    """null, one device, or the devices of several cables to one peer."""
+    if isinstance(v, list):
+        return 0 < len(v) <= 16 and all(isinstance(d, str) and _RDMA_DEVICE.fullmatch(d) for d in v)
+    return v is None or (isinstance(v, str) and bool(_RDMA_DEVICE.fullmatch(v)))
 
 
 def _plan_cluster(d: Path, plan: Plan, hosts: list[Any]) -> ClusterSpec:
@@ -123,10 +163,10 @@ def _plan_cluster(d: Path, plan: Plan, hosts: list[Any]) -> ClusterSpec:
     if not all(isinstance(h, dict) for h in hosts):
         raise InputError(f"{d / 'hostfile.json'}: every entry of hosts must be an object")
     entries = [
-        {"name": r.host, "ssh": h.get("ssh") or r.ssh, "ips": list(h.get("ips") or [])}
+        {"name": r.host, "ssh": h.get("ssh") or r.ssh, "ips": h.get("ips") or []}
         for r, h in zip(plan.ranks, hosts, strict=True)
     ]
-    return parse_cluster(yaml.safe_dump({"hosts": entries}), str(d / "hostfile.json"))
+    return cluster_from_mapping({"hosts": entries}, str(d / "hostfile.json"))
 
 
 def cluster_target(

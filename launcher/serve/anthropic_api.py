@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.serve.request_api import (
+    MAX_INT,
     ApiError,
     GenerateRequest,
     ToolChoice,
@@ -240,14 +241,14 @@ def parse_messages(body: bytes) -> GenerateRequest:
         raise bad("'top_p' must be more than 0", "top_p")
     return GenerateRequest(
         kind="anthropic",
-        max_tokens=int(integer(raw, "max_tokens", 1, 1) or 1),
+        max_tokens=int(integer(raw, "max_tokens", 1, 1, MAX_INT) or 1),
         temperature=number(raw, "temperature", 1.0, 0.0, 1.0),
         top_p=top_p,
         seed=None,
         stop=string_list(raw.get("stop_sequences"), "stop_sequences", MAX_STOP_SEQUENCES),
         stream=stream,
         include_usage=True,
-        top_k=int(integer(raw, "top_k", 0, 0) or 0),
+        top_k=int(integer(raw, "top_k", 0, 0, MAX_INT) or 0),
         response_format=_output_format(raw.get("output_config")),
         **conversation,
     )

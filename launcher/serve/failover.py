@@ -59,6 +59,11 @@ class ServeSource:
             raise PlanRefused(f"{self.cluster.source}: no host remains")
         return cluster_target(self.cluster, self.model, strategy, backend)
 
+    def has_hosts(self) -> bool:
+        if self.local is not None:
+            return self.local >= 1
+        return self.cluster is not None and bool(self.cluster.hosts)
+
     def without(self, hosts: list[str]) -> ServeSource:
         """The same source minus the hosts that died (one rank fewer for --local)."""
         if self.local is not None:

@@ -90,13 +90,21 @@ def _error(e: ApiError, path: str) -> JSONResponse:
     return JSONResponse(_error_body(e, path), status_code=e.status, headers=headers)
 
 
+def _ended(event: Event) -> ApiError:
+    """The error a request ends with: its own (400 for what it asked, 500 for what failed while
+    decoding it, the batch going on) or the cluster's (503: the ranks went down)."""
+    message = str(event.get("message"))
+    if event.get("event") == "failed":
+        return _unavailable(f"the request failed: {message}")
+    if event.get("kind") == "input":  # it names what (the context, a schema feature, a template)
+        return ApiError(400, message, code=str(event.get("code") or "bad_prompt"))
+    return ApiError(500, f"the request failed: {message}", "server_error", code="request_failed")
+
+
 def _check_first(event: Event) -> None:
     """Rank 0 has taken the request or refused it: a refusal still gets its own status."""
-    name = event.get("event")
-    if name == "request_error":  # its message names what (a schema feature, a template error)
-        raise ApiError(400, str(event.get("message")), code="bad_prompt")
-    if name == "failed":
-        raise _unavailable(str(event.get("message")))
+    if event.get("event") in ("failed", "request_error"):
+        raise _ended(event)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -188,8 +196,8 @@ class ServeApp:
         key = self.api_key
         if key is None:
             return
-        given = request.headers.get("Authorization", "")
-        token = given.removeprefix("Bearer ").strip() if given.startswith("Bearer ") else ""
+        scheme, _, credentials = request.headers.get("Authorization", "").strip().partition(" ")
+        token = credentials.strip() if scheme.lower() == "bearer" else ""  # RFC 9110: any case
         token = token or request.headers.get("x-api-key", "").strip()
         if not hmac.compare_digest(token.encode(), key.encode()):
             what = "no API key given" if not token else "incorrect API key"
@@ -294,7 +302,7 @@ class ServeApp:
     async def _collect(self, answer: Answer, ticket: Ticket, event: Event) -> dict[str, Any]:
         while True:
             if event.get("event") in ("failed", "request_error"):
-                raise _unavailable(f"the request failed: {event.get('message')}")
+                raise _ended(event)
             answer.feed(event)
             if answer.finished:
                 return answer.body()
@@ -311,7 +319,7 @@ class ServeApp:
                 yield frame
             while True:
                 if event.get("event") in ("failed", "request_error"):
-                    error = _unavailable(f"the request failed: {event.get('message')}")
+                    error = _ended(event)
                     for frame in answer.failure(_error_body(error, path)):
                         yield frame
                     ended = True

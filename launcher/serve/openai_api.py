@@ -13,6 +13,8 @@ import math
 from typing import Any
 
 from launcher.serve.request_api import (
+    MAX_INT,
+    MAX_SEED,
     ApiError,
     GenerateRequest,
     ToolChoice,
@@ -110,8 +112,8 @@ def _logit_bias(raw: dict[str, Any]) -> dict[str, float] | None:
 
 def _max_tokens(raw: dict[str, Any], default: int) -> int:
     """max_completion_tokens is the newer name of max_tokens: it wins when both are given."""
-    old = integer(raw, "max_tokens", default, 1)
-    new = integer(raw, "max_completion_tokens", None, 1)
+    old = integer(raw, "max_tokens", default, 1, MAX_INT)
+    new = integer(raw, "max_completion_tokens", None, 1, MAX_INT)
     return new or old or default
 
 
@@ -139,13 +141,16 @@ def _common(raw: dict[str, Any], kind: str) -> dict[str, Any]:
     return {
         "kind": kind,
         "max_tokens": _max_tokens(raw, default),
+        # Not asked for: rank 0 shrinks it to the context the prompt leaves (else refuses).
+        "max_tokens_default": raw.get("max_tokens") is None
+        and raw.get("max_completion_tokens") is None,
         "temperature": number(raw, "temperature", 1.0, 0.0, 2.0),
         "top_p": top_p,
-        "seed": integer(raw, "seed", None, 0),
+        "seed": integer(raw, "seed", None, 0, MAX_SEED),
         "stop": string_list(raw.get("stop"), "stop", MAX_STOP_STRINGS),
         "stream": stream,
         "include_usage": include_usage,
-        "top_k": integer(raw, "top_k", 0, 0),
+        "top_k": integer(raw, "top_k", 0, 0, MAX_INT),
         "min_p": number(raw, "min_p", 0.0, 0.0, 1.0),
         "presence_penalty": _penalty(raw, "presence_penalty"),
         "frequency_penalty": _penalty(raw, "frequency_penalty"),

@@ -15,7 +15,9 @@ from typing import Any
 
 ToolChoice = str | dict[str, str]  # "auto" | "none" | "required" | {"name": function}
 ID_PREFIXES = {"chat": "chatcmpl-", "completion": "cmpl-", "anthropic": "msg_"}
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's and Anthropic's rule for tool names
+NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's and Anthropic's rule for tool names
+MAX_SEED = 2**63 - 1  # OpenAI's seed is an int64 (rank 0 checks the same bound)
+MAX_INT = 2**31 - 1  # token counts and top_k: beyond any model
 
 
 class ApiError(Exception):
@@ -80,6 +82,7 @@ class GenerateRequest:
     logit_bias: dict[str, float] | None = None
     n: int = 1
     count_only: bool = False
+    max_tokens_default: bool = False  # not asked for: may shrink to fit the context
 
     def rank_line(self, request_id: str, seed: int) -> str:
         """The JSON line for rank 0's stdin (cluster/serve/requests.py reads it)."""
@@ -108,6 +111,7 @@ class GenerateRequest:
             "logit_bias": self.logit_bias or None,
             "n": self.n if self.n > 1 else None,
             "count_only": self.count_only or None,
+            "max_tokens_default": self.max_tokens_default or None,
         }
         raw.update((k, v) for k, v in extra.items() if v is not None)
         return json.dumps(raw, separators=(",", ":")) + "\n"
@@ -123,6 +127,8 @@ def parse_body(body: bytes) -> dict[str, Any]:
         raw = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise bad(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad("the request body is nested too deeply") from None
     if not isinstance(raw, dict):
         raise bad("the request body must be a JSON object")
     return raw
@@ -169,7 +175,7 @@ def string_list(value: Any, name: str, most: int) -> tuple[str, ...]:
 
 
 def tool_name(value: Any, param: str) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value):
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise bad(f"{param} must be 1 to 64 letters, digits, '_' or '-'", param)
     return value
 

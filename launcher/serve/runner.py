@@ -34,6 +34,7 @@ from topology.model.spec import ModelSpec
 from topology.planning.serving import prefix_cache_budget
 
 Log = Callable[[str], None]
+MAX_BACKOFF_S = 30.0  # restarts on the same hosts wait 1, 2, 4 … s, then this long each time
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class RankRunner:
         self.heard: list[float] = []  # per rank, when it last said anything
         self._change: _Change | None = None
         self._ready_count = 0  # how many jobs reached "ready"
+        self._restarts = 0  # restarts on the same hosts since the last ready (the back-off)
         self._pids: dict[int, int] = {}  # rank -> pid, from the ranks' "started" events
         self._thread: threading.Thread | None = None
 
@@ -125,7 +127,6 @@ class RankRunner:
             if outcome.exit_code == EXIT_BAD_INPUT or outcome.failure is None:
                 return self.log(f"cannot restart the ranks ({reason}); answering 503")
             rank = outcome.failure.rank
-            self.log(f"{reason}; re-planning on the hosts that remain")
             self.metrics.failovers.inc()
             change = self._change or _Change("", describe(target), time.monotonic())
             lost, unreachable = self.source.lost_hosts(target, rank, dict(self._pids))
@@ -134,16 +135,37 @@ class RankRunner:
             else:
                 what = f"rank {rank} ({lost[0]}) died"
             self._change = replace(change, what=what)
-            self.source = self.source.without(lost)
-            try:
-                target = self.source.replan()
-            except (PlanRefused, InputError) as e:
-                self._set_status("down", f"no plan fits on the hosts that remain: {e}")
-                return self.log(f"no plan fits on the hosts that remain: {e}; answering 503")
-            if self.stop_flag.is_set():
+            next_target = self._next_target(lost, reason)
+            if next_target is None:
                 return self._set_status("stopped", "mlx-cluster serve is stopping")
+            target = next_target
             self.log(f"new plan: {describe(target)} ({target.plan.reason}); starting the ranks")
             self._set_status("restarting", f"restarting as {describe(target)} after: {reason}")
+
+    def _next_target(self, lost: list[str], reason: str) -> LaunchTarget | None:
+        """The plan to restart on: the hosts that remain, or, when none would (the last host,
+        `--local 1`) or no plan fits on them, every host again after a back-off, for as long as
+        it takes (a failed job is never the end of serving). None once serve is stopping."""
+        fewer = self.source.without(lost)
+        if fewer.has_hosts():
+            self.log(f"{reason}; re-planning on the hosts that remain")
+            try:
+                target = fewer.replan()
+                self.source = fewer
+                return target
+            except (PlanRefused, InputError) as e:
+                self.log(f"no plan fits on the hosts that remain ({e})")
+        while True:
+            self._restarts += 1
+            wait_s = min(MAX_BACKOFF_S, 2.0 ** (self._restarts - 1))
+            self.log(f"{reason}; restarting on the same hosts in {wait_s:.0f} s")
+            self._set_status("restarting", f"restarting in {wait_s:.0f} s after: {reason}")
+            if self.stop_flag.wait(wait_s):
+                return None
+            try:
+                return self.source.replan()
+            except (PlanRefused, InputError) as e:
+                reason = f"no plan fits: {e}"
 
     def _serve(self, target: LaunchTarget) -> Outcome:
         """One supervised job of serve-mode ranks; returns when it ends."""
@@ -200,6 +222,7 @@ class RankRunner:
         assert self.target is not None
         now = describe(self.target)
         self._ready_count += 1
+        self._restarts = 0
         self._set_status("ready", f"serving as {now}")
         if self._change is not None:
             took = time.monotonic() - self._change.since

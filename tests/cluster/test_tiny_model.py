@@ -122,3 +122,39 @@ def test_refuses_a_directory_that_is_not_a_tiny_model(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     done = tiny_model_cli(str(tmp_path / "file"))
     assert done.returncode == 2 and "is not a directory" in done.stderr
+
+
+def test_unwritable_path_is_one_line_exit_2_and_creates_nothing(tmp_path: Path) -> None:
+    # Tests run as root, so chmod protects nothing: a regular file as parent cannot be written.
+    (tmp_path / "file").write_text("x")
+    for target in (tmp_path / "file" / "m", tmp_path / "file" / "deeper" / "m"):
+        done = tiny_model_cli(str(target))
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith("mlx-cluster: error: ")
+        assert "Traceback" not in done.stderr and done.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_failed_write_leaves_nothing_and_keeps_the_old_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import cluster.tiny_model as tiny
+    from topology.errors import InputError
+
+    old = write_tiny_model(tmp_path / "old", layers=1)
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+
+    def disk_full(out: Path, weights: object, layers: int) -> None:
+        (out / "model-00001-of-00003.safetensors").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tiny, "_save_weights_by_layer", disk_full)
+    with pytest.raises(InputError, match="No space left on device"):
+        write_tiny_model(tmp_path / "new" / "deep" / "m", layers=2)
+    with pytest.raises(InputError, match="No space left on device"):
+        write_tiny_model(old, layers=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]  # no temp dir, no parents
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before

@@ -162,8 +162,8 @@ def _bad_config(tmp_path: Path, text: str) -> Path:
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["--local", "0", "--model", LLAMA], "--local: needs at least 1 rank, got 0"),
-        (["--local", "-3", "--model", LLAMA], "--local: needs at least 1 rank"),
+        (["--local", "0", "--model", LLAMA], "--local must be at least 1"),
+        (["--local", "-3", "--model", LLAMA], "--local must be at least 1"),
         (["--local", "2", "--model", "{tmp}/nowhere"], "no such directory"),
         (["--local", "2", "--model", "{tmp}"], "no config.json in"),
         (
@@ -174,7 +174,7 @@ def _bad_config(tmp_path: Path, text: str) -> Path:
             ["--local", "2", "--model", LLAMA, "--backend", "jaccl"],
             "--local runs ranks over the ring",
         ),
-        (["--local", "2", "--model", LLAMA, "--context", "0"], "--context: must be at least 1"),
+        (["--local", "2", "--model", LLAMA, "--context", "0"], "--context must be at least 1"),
         (["--local", "2"], "Missing option '--model'"),
         (["--model", LLAMA], "give exactly one of CLUSTER.yaml, --snapshot DIR or --local N"),
         (["--local", "1", "--snapshot", "{tmp}", "--model", LLAMA], "give exactly one of"),

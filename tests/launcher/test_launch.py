@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,28 @@ def test_no_valid_plan_exits_1_with_the_reason(tiny_model: Path) -> None:
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1
     assert "no valid plan" in done.stderr and "3" in done.stderr
+
+
+def test_long_prompt_shows_prompt_progress_on_stderr_only(tiny_model: Path) -> None:
+    """More than one prefill step (2048 tokens): rank 0's progress goes to stderr, one line per
+    step; stdout is the same text (and --json the same line) as without it."""
+    prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 100)  # ~2600 tokens
+    args = ["launch", "--local", "2", "--model", str(tiny_model), "--prompt", prompt]
+    text = cli(*args, "--max-tokens", "8")
+    assert text.returncode == 0, text.stderr
+    as_json = cli(*args, "--max-tokens", "8", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    result = json.loads(as_json.stdout)
+    total = result["prompt_tokens"]
+    assert total > 2049, "the prompt must take more than one prefill step"
+    for done in (text, as_json):
+        lines = done.stderr.splitlines()
+        assert lines == [f"prompt: 2048/{total} tokens", f"prompt: {total}/{total} tokens"], lines
+    summary = text.stdout.rstrip("\n").rpartition("\n")[2]
+    newline = "" if result["text"].endswith("\n") else "\n"  # launch ends the text's line
+    assert text.stdout == result["text"] + newline + summary + "\n"
+    assert re.match(rf"prompt: {total} tokens, [0-9.]+ tok/s \| generation: 8 tokens", summary)
+    assert len(as_json.stdout.splitlines()) == 1
 
 
 def _bad_inputs(model: Path, tmp: Path) -> list[list[str]]:

@@ -43,8 +43,10 @@ def _refused(parse: Any, fields: dict[str, Any], param: str, words: str = "") ->
 
 
 def test_plain_request_line_is_unchanged() -> None:
-    """No new option used: rank 0 reads exactly the keys it always has."""
-    assert set(_line(_chat())) == {
+    """No new option used: rank 0 reads exactly the keys it always has (and, when max_tokens is
+    not given, that it may shrink to fit the context)."""
+    assert _line(_chat())["max_tokens_default"] is True
+    assert set(_line(_chat(max_tokens=9))) == {
         "id",
         "max_tokens",
         "temperature",
@@ -55,9 +57,9 @@ def test_plain_request_line_is_unchanged() -> None:
         "prompt",
         "prompt_ids",
     }
-    assert set(_line(_completion(response_format={"type": "text"}, logit_bias={}))) == set(
-        _line(_chat())
-    )
+    assert set(
+        _line(_completion(response_format={"type": "text"}, logit_bias={}, max_tokens=2))
+    ) == set(_line(_chat(max_tokens=9)))
 
 
 def test_tools_and_choices_reach_the_rank_normalized() -> None:

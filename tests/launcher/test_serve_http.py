@@ -160,6 +160,27 @@ def test_routes_keys_and_methods(server: Server, tiny_model: Path) -> None:
     conn.request("GET", "/metrics")  # no key, like /health
     assert conn.getresponse().status == 200
     conn.close()
+    # The scheme is case-insensitive (RFC 9110); a method nobody knows is a JSON 405.
+    lower = {"Authorization": f"bearer {KEY}"}
+    assert server.request("GET", "/v1/models", headers=lower)[1]["object"] == "list"
+    status, body = server.request("BREW", "/v1/models", headers=key)
+    assert (status, body["error"]["code"]) == (405, "method_not_allowed")
+
+
+def test_a_client_gone_mid_error_leaves_no_trace(server: Server) -> None:
+    """A bad request whose client closes before reading the 400: nothing in the log (the module
+    fixture asserts no traceback and no error line at the end)."""
+    for _ in range(20):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        body = b"{" * 5000
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()  # RST: the answer's write finds the connection gone
+    assert server.health()[0] == 200
 
 
 def test_tickets_carry_events_from_other_threads_to_the_loop() -> None:

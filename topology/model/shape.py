@@ -37,6 +37,7 @@ class ModelShape:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     index_total_bytes: int | None = None  # metadata.total_size of the safetensors index
+    max_context: int | None = None  # max_position_embeddings, when config.json gives it
 
     @property
     def is_moe(self) -> bool:

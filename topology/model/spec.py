@@ -10,14 +10,20 @@ Checked against the mlx-community conversions' published sizes on the Hugging Fa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from topology.errors import InputError
+from topology.model.config import config_int as _int
+from topology.model.config import index_total, quantization, sparse_layers
 from topology.model.layout import LayerCost, estimate_layers
 from topology.model.shape import ModelShape
+from topology.untrusted import show
+
+_MODEL_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 # model_type values whose mlx-lm 0.32 model class has shard() (tensor parallel), after
 # mlx-lm's MODEL_REMAPPING (mistral -> llama, kimi_k2 -> deepseek_v3, ...).
@@ -135,52 +141,6 @@ class ModelSpec(ModelShape):
         }
 
 
-def _int(config: Mapping[str, Any], source: str, *keys: str, default: int | None = None) -> int:
-    """The first of `keys` present, as a positive int; InputError naming the file and key."""
-    for key in keys:
-        if key in config and config[key] is not None:
-            value = config[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InputError(f"{source}: {key}: must be a positive integer, got {value!r}")
-            return value
-    if default is None:
-        raise InputError(f"{source}: {keys[0]}: missing (is this a model's config.json?)")
-    return default
-
-
-def _quantization(config: Mapping[str, Any], source: str) -> tuple[int, int | None, str]:
-    quant = config.get("quantization")
-    key = "quantization"
-    if quant is None:
-        qc = config.get("quantization_config")
-        if isinstance(qc, Mapping) and "bits" in qc:
-            quant, key = qc, "quantization_config"
-    if quant is None:
-        return 16, None, "affine"
-    if not isinstance(quant, Mapping):
-        raise InputError(f"{source}: {key}: must be a mapping with bits and group_size")
-    bits = _int(quant, f"{source}: {key}", "bits")
-    group = _int(quant, f"{source}: {key}", "group_size", default=64)
-    mode = quant.get("mode", "affine")
-    return bits, group, mode if isinstance(mode, str) else "affine"
-
-
-def _sparse_layers(
-    config: Mapping[str, Any], source: str, layers: int, experts: int
-) -> tuple[int, ...]:
-    if experts == 0:
-        return ()
-    if "first_k_dense_replace" in config or "moe_layer_freq" in config:  # DeepSeek style
-        first = config.get("first_k_dense_replace") or 0
-        freq = config.get("moe_layer_freq") or 1
-        return tuple(i for i in range(layers) if i >= first and i % freq == 0)
-    step = config.get("decoder_sparse_step") or 1  # Qwen MoE style
-    dense_only = config.get("mlp_only_layers") or []
-    if not isinstance(dense_only, list):
-        raise InputError(f"{source}: mlp_only_layers: must be a list of layer numbers")
-    return tuple(i for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
-
-
 def spec_from_config(
     config: Mapping[str, Any], index: Mapping[str, Any] | None = None, source: str = "config.json"
 ) -> ModelSpec:
@@ -190,6 +150,8 @@ def spec_from_config(
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise InputError(f"{source}: model_type: missing (is this a model's config.json?)")
+    if not _MODEL_TYPE.fullmatch(model_type):
+        raise InputError(f"{source}: model_type: {show(model_type)} is not a model type name")
     layers = _int(config, source, "num_hidden_layers", "n_layer", "num_layers")
     hidden = _int(config, source, "hidden_size", "n_embd", "d_model")
     heads = _int(config, source, "num_attention_heads", "n_head")
@@ -199,9 +161,11 @@ def spec_from_config(
     experts = _int(
         config, source, "num_experts", "n_routed_experts", "num_local_experts", default=0
     )
-    bits, group, mode = _quantization(config, source)
+    bits, group, mode = quantization(config, source)
     dtype = config.get("torch_dtype", config.get("dtype"))
     tie = config.get("tie_word_embeddings", True)  # mlx-lm's default for llama/qwen2
+    if tie is not None and not isinstance(tie, bool):
+        raise InputError(f"{source}: tie_word_embeddings: must be true or false, got {show(tie)}")
     moe_inter = _int(config, source, "moe_intermediate_size", default=0)
     shared = _int(config, source, "n_shared_experts", default=0)
     spec = ModelSpec(
@@ -230,27 +194,20 @@ def spec_from_config(
         moe_intermediate=moe_inter,
         shared_intermediate=moe_inter * shared
         or _int(config, source, "shared_expert_intermediate_size", default=0),
-        sparse_layers=_sparse_layers(config, source, layers, experts),
+        sparse_layers=sparse_layers(config, source, layers, experts),
         kv_lora_rank=_int(config, source, "kv_lora_rank", default=0) or None,
         q_lora_rank=_int(config, source, "q_lora_rank", default=0) or None,
         qk_rope_head_dim=_int(config, source, "qk_rope_head_dim", default=0),
         qk_nope_head_dim=_int(config, source, "qk_nope_head_dim", default=0),
         v_head_dim=_int(config, source, "v_head_dim", default=0),
-        index_total_bytes=_index_total(index, source),
+        index_total_bytes=index_total(index, source),
+        max_context=_int(config, source, "max_position_embeddings", default=0) or None,
     )
+    if spec.experts and spec.experts_per_token > spec.experts:
+        raise InputError(
+            f"{source}: num_experts_per_tok: {spec.experts_per_token} is more than the "
+            f"{spec.experts} experts"
+        )
     if spec.is_moe and not (spec.moe_intermediate or spec.intermediate):
         raise InputError(f"{source}: moe_intermediate_size: missing for a mixture-of-experts model")
     return spec
-
-
-def _index_total(index: Mapping[str, Any] | None, source: str) -> int | None:
-    if index is None:
-        return None
-    meta = index.get("metadata") if isinstance(index, Mapping) else None
-    total = meta.get("total_size") if isinstance(meta, Mapping) else None
-    if total is None:
-        return None
-    if isinstance(total, bool) or not isinstance(total, int | float) or total <= 0:
-        where = source.replace("config.json", "model.safetensors.index.json")
-        raise InputError(f"{where}: metadata.total_size: must be a positive number, got {total!r}")
-    return int(total)

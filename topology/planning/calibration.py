@@ -9,11 +9,14 @@ Calibration in.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from topology.chips import BackendCost
+from topology.cluster_file import BANDWIDTH_GBS
+from topology.untrusted import show
 
 
 @dataclass(frozen=True)
@@ -83,24 +86,48 @@ class Calibration:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Calibration:
         """Read back to_json's output; KeyError/TypeError/ValueError on anything else."""
-        links = tuple(
-            LinkMeasurement(
-                cost_name=str(k["cost_name"]),
-                ranks=int(k["ranks"]),
-                small_bytes=int(k["small_bytes"]),
-                small_s=float(k["small_s"]),
-                large_bytes=int(k["large_bytes"]),
-                large_s=float(k["large_s"]),
-            )
-            for k in raw["links"]
-        )
-        hosts = raw["host_bandwidth_gbs"]
-        if not isinstance(hosts, Mapping):
+        links_raw, hosts = raw["links"], raw["host_bandwidth_gbs"]
+        if not isinstance(links_raw, list) or len(links_raw) > _MAX_ENTRIES:
+            raise TypeError(f"links must be a list of at most {_MAX_ENTRIES} measurements")
+        if not isinstance(hosts, Mapping) or len(hosts) > _MAX_ENTRIES:
             raise TypeError("host_bandwidth_gbs must be an object of host: GB/s")
-        bandwidths = tuple(sorted((str(h), float(v)) for h, v in hosts.items()))
-        if any(v <= 0 for _, v in bandwidths) or any(k.ranks < 2 for k in links):
-            raise ValueError("bandwidths must be positive and links measured over 2+ ranks")
+        links = tuple(_link(k) for k in links_raw)
+        names = [_name(h, "host_bandwidth_gbs") for h in hosts]
+        bandwidths = tuple(sorted((h, _in(hosts[h], f"{h}: GB/s", *BANDWIDTH_GBS)) for h in names))
         return cls(links, bandwidths)
+
+
+# A calibration file is read back from disk: its numbers are checked like any untrusted input,
+# to ranges no measurement leaves, before the planner divides by them.
+_MAX_ENTRIES = 256
+_BYTES = (1.0, float(1 << 40))
+_SECONDS = (1e-9, 3600.0)
+
+
+def _in(value: Any, key: str, lo: float, hi: float) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, int | float)
+    if not ok or not lo <= value <= hi:  # nan and inf fail the comparison
+        raise ValueError(f"{key}: must be a number from {lo:g} to {hi:g}, got {show(value)}")
+    return float(value)
+
+
+def _name(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", value):
+        raise ValueError(f"{key}: {show(value)} is not a name")
+    return value
+
+
+def _link(k: Any) -> LinkMeasurement:
+    if not isinstance(k, Mapping):
+        raise TypeError("each link must be an object")
+    return LinkMeasurement(
+        cost_name=_name(k["cost_name"], "cost_name"),
+        ranks=int(_in(k["ranks"], "ranks", 2, 4096)),
+        small_bytes=int(_in(k["small_bytes"], "small_bytes", *_BYTES)),
+        small_s=_in(k["small_s"], "small_s", *_SECONDS),
+        large_bytes=int(_in(k["large_bytes"], "large_bytes", *_BYTES)),
+        large_s=_in(k["large_s"], "large_s", *_SECONDS),
+    )
 
 
 def calibrated_cost(name: str, base: BackendCost, calibration: Calibration | None) -> BackendCost:

@@ -12,6 +12,7 @@ from typing import Any
 
 from topology.addresses import rank_addresses
 from topology.chips import BACKENDS, host_bandwidth_gbs, usable_memory_bytes
+from topology.errors import InputError
 from topology.facts import CheckResult, HostFacts, Problem
 from topology.links import LinkGraph, find_ring
 from topology.model.spec import ModelSpec
@@ -26,11 +27,32 @@ from topology.planning.options import Option, pipeline_option, tensor_option
 from topology.planning.placement import Slot
 from topology.planning.predict import tok_s
 from topology.planning.types import DEFAULT_CONTEXT, Plan, RankPlan
+from topology.problems import unknown_hosts
 
 __all__ = ["DEFAULT_CONTEXT", "Plan", "RankPlan", "model_problems", "plan_cluster", "plan_local"]
 STRATEGIES = ("auto", "tensor", "pipeline")
 ASSUMED_BANDWIDTH_GBS = 100.0  # only for chips not in topology/chips.py: ranks stay comparable
 LOCAL_IP = "127.0.0.1"  # mlx.launch runs a host named 127.0.0.1 locally, without ssh
+MAX_CONTEXT = 16 << 20  # tokens, for models whose config.json gives no max_position_embeddings
+
+
+def plan_context(spec: ModelSpec, context: int | None) -> int:
+    """The context to reserve KV cache for: None means the default, capped at what the model
+    supports; an asked-for context beyond `max_position_embeddings` is one line (exit 2)."""
+    limit = spec.max_context or MAX_CONTEXT
+    # The CLI hands its default over as a plain 4096: a model built for less is not refused for it.
+    if context is None or (context == DEFAULT_CONTEXT and limit < DEFAULT_CONTEXT):
+        return min(DEFAULT_CONTEXT, limit)
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise InputError(f"--context: must be a number of tokens of at least 1, got {context!r}")
+    if context > limit:
+        why = (
+            f"the model's max_position_embeddings ({limit:,}, {spec.source})"
+            if spec.max_context
+            else f"{limit:,} tokens"
+        )
+        raise InputError(f"--context {context:,}: more than {why}; give --context {limit} or less")
+    return context
 
 
 def _choose(options: Sequence[Option], strategy: str, n: int) -> tuple[Option | None, str]:
@@ -84,13 +106,14 @@ def _plan(
     strategy: str,
     backend: str | None,
     cost_name: str,
-    context: int,
+    context: int | None,
     base: Sequence[Problem],
     calibration: Calibration | None = None,
     **extra: Any,
 ) -> Plan:
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    context = plan_context(spec, context)
     n, cost = len(slots), calibrated_cost(cost_name, BACKENDS[cost_name], calibration)
     options = [
         tensor_option(spec, slots, cost, context),
@@ -213,12 +236,14 @@ def plan_cluster(
     *,
     strategy: str = "auto",
     backend: str | None = None,
-    context: int = DEFAULT_CONTEXT,
+    context: int | None = None,  # None: DEFAULT_CONTEXT, capped at the model's
     calibration: Calibration | None = None,  # measured numbers (bench --calibrate)
 ) -> Plan:
     """Plan over the checked hosts. backend None/"auto": the best one the check found."""
     chosen: str | None
-    if backend in (None, "auto"):
+    if unknown_hosts(check.hosts):  # an unreachable or unidentified host: nothing to plan on
+        chosen, base = None, list(check.problems)
+    elif backend in (None, "auto"):
         chosen = check.backend if len(check.hosts) > 1 else check.backend or "ring"
         # Errors of an auto check block jaccl; with a slower backend they are only warnings.
         base = list(check.problems) if chosen is None else _as_warnings(check.problems)
@@ -242,7 +267,7 @@ def plan_local(
     spec: ModelSpec,
     *,
     strategy: str = "auto",
-    context: int = DEFAULT_CONTEXT,
+    context: int | None = None,  # None: DEFAULT_CONTEXT, capped at the model's
     calibration: Calibration | None = None,  # measured numbers (bench --calibrate)
 ) -> Plan:
     """N ranks on this machine over the ring backend on 127.0.0.1, sharing memory and bandwidth."""
@@ -270,10 +295,15 @@ def plan_local(
 
 
 def model_problems(
-    check: CheckResult, spec: ModelSpec, context: int, n: int | None = None, strategy: str = "auto"
+    check: CheckResult,
+    spec: ModelSpec,
+    context: int | None,
+    n: int | None = None,
+    strategy: str = "auto",
 ) -> list[Problem]:
     """What the model means for this cluster (for `topology check --model`): model_does_not_fit,
     tp_not_divisible, ...; a tensor-only problem is a warning when pipeline would work."""
+    context = plan_context(spec, context)
     hosts = list(check.hosts[:n] if n else check.hosts)
     slots = _slots(hosts, [None] * len(hosts))
     cost = BACKENDS[check.backend or "ring"]

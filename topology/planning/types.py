@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from topology.facts import Problem
+from topology.untrusted import show
 
 DEFAULT_CONTEXT = 4096
 
@@ -90,20 +93,79 @@ class Plan:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Plan:
-        """Read back what to_json wrote (plan.json); KeyError/TypeError on anything else."""
-        ranks = tuple(RankPlan(**{**r, "layers": tuple(r["layers"])}) for r in raw["ranks"])
-        problems = tuple(Problem(**{**p, "hosts": tuple(p["hosts"])}) for p in raw["problems"])
+        """Read back what to_json wrote (plan.json); KeyError/TypeError/ValueError on anything
+        else. plan.json is a file on disk: every value a launch acts on is checked."""
+        ranks_raw, problems_raw = raw["ranks"], raw["problems"]
+        if not isinstance(ranks_raw, list) or len(ranks_raw) > _MAX_RANKS:
+            raise ValueError(f"ranks: must be a list of at most {_MAX_RANKS} ranks")
+        if not isinstance(problems_raw, list):
+            raise TypeError("problems: must be a list")
+        ranks = tuple(_rank(i, r) for i, r in enumerate(ranks_raw))
+        problems = tuple(Problem(**{**p, "hosts": tuple(p["hosts"])}) for p in problems_raw)
+        strategy, backend = raw["strategy"], raw["backend"]
+        if strategy not in ("auto", "tensor", "pipeline"):
+            raise ValueError(f"strategy: {show(strategy)} is not tensor or pipeline")
+        if backend not in (None, "jaccl", "jaccl-ring", "ring"):
+            raise ValueError(f"backend: {show(backend)} is not jaccl, jaccl-ring or ring")
+        if not isinstance(raw["model"], str):
+            raise TypeError("model: must be a string")
         return cls(
-            strategy=raw["strategy"],
-            backend=raw["backend"],
+            strategy=strategy,
+            backend=backend,
             model=raw["model"],
             ranks=ranks,
             predicted_decode_tok_s=raw["predicted_decode_tok_s"],
-            reason=raw["reason"],
+            reason=str(raw["reason"]),
             problems=problems,
-            context=raw.get("context", DEFAULT_CONTEXT),
-            local=raw.get("local", False),
-            assumptions=tuple(raw.get("assumptions", ())),
+            context=_int(raw.get("context", DEFAULT_CONTEXT), "context", 1, 16 << 20),
+            local=raw.get("local", False) is True,
+            assumptions=tuple(str(a) for a in raw.get("assumptions", ())),
             roofline_decode_tok_s=raw.get("roofline_decode_tok_s"),
             model_info=raw.get("model_info", {}),
         )
+
+
+_MAX_RANKS = 1024
+_MAX_BYTES = 1 << 60
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _int(value: Any, key: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{key}: must be a whole number from {lo} to {hi}, got {show(value)}")
+    return value
+
+
+def _ip(value: Any, key: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9A-Fa-f.:]{2,45}", value):
+        raise ValueError(f"{key}: {show(value)} is not an IP address")
+    ipaddress.ip_address(value)  # ValueError when it is not one
+    return value
+
+
+def _rank(i: int, r: Any) -> RankPlan:
+    if not isinstance(r, Mapping):
+        raise TypeError(f"ranks[{i}]: must be an object")
+    layers = r["layers"]
+    if not isinstance(layers, list) or len(layers) != 2:
+        raise ValueError(f"ranks[{i}].layers: must be [start, end]")
+    start = _int(layers[0], f"ranks[{i}].layers", 0, 1024)
+    end = _int(layers[1], f"ranks[{i}].layers", start, 1024)
+    host = r["host"]
+    if not isinstance(host, str) or not _NAME.fullmatch(host):
+        raise ValueError(f"ranks[{i}].host: {show(host)} is not a host name")
+    usable = r.get("memory_usable_bytes")
+    return RankPlan(
+        rank=_int(r["rank"], f"ranks[{i}].rank", i, i),
+        host=host,
+        layers=(start, end),
+        ip=_ip(r["ip"], f"ranks[{i}].ip"),
+        memory_needed_bytes=_int(r["memory_needed_bytes"], "memory_needed_bytes", 0, _MAX_BYTES),
+        memory_usable_bytes=None if usable is None else _int(usable, "usable", 0, _MAX_BYTES),
+        ssh=str(r.get("ssh", "")),
+        weight_bytes=_int(r.get("weight_bytes", 0), "weight_bytes", 0, _MAX_BYTES),
+        kv_cache_bytes=_int(r.get("kv_cache_bytes", 0), "kv_cache_bytes", 0, _MAX_BYTES),
+        bandwidth_gbs=float(r.get("bandwidth_gbs", 0.0)),
+    )
