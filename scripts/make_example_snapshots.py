@@ -3,11 +3,16 @@
     .venv/bin/python scripts/make_example_snapshots.py
 
 - mesh-4x-m3-ultra: 4 Mac Studio M3 Ultra, full mesh, RDMA on, macOS 26.2 (ready for jaccl).
-- mesh-8x-m3-ultra: 8 M3 Ultra. A full mesh of 8 needs 7 ports per Mac and an M3 Ultra has 6, so
-  each Mac is cabled to 6 of the 7 others (all ports used, 24 cables): jaccl is impossible (4 pairs
-  uncabled, no free port), jaccl-ring works (many RDMA rings exist).
+- mesh-8x-m3-ultra: 8 M3 Ultra. A full mesh of 8 needs 7 RDMA ports per Mac and an M3 Ultra has
+  5 (of its 6 ports, the one next to Ethernet does no RDMA), so each Mac is cabled to 5 of the 7
+  others (20 cables; the pairs 3 apart in name order are not): jaccl is impossible (8 pairs
+  uncabled, no free RDMA port), jaccl-ring works (many RDMA rings exist).
 - mesh-4x-needs-fixes: 4 M3 Ultra with RDMA disabled on studio-c, no cable between studio-b and
-  studio-d, studio-a's Thunderbolt ports inside an active bridge0, one 40 Gb/s cable.
+  studio-d, studio-a's Thunderbolt ports inside an active bridge0 (so those cables have no
+  address), one 40 Gb/s cable.
+
+Every healthy example leaves each Mac Studio's RDMA-less port (en2) free, and every host records
+versions.txt (the same versions everywhere).
 """
 
 from __future__ import annotations
@@ -25,9 +30,18 @@ import synth  # noqa: E402
 OUT = ROOT / "hostfiles" / "snapshots"
 
 
+VERSIONS: dict[str, str | None] = {
+    "python": "3.12.7",
+    "mlx": "0.32.2",
+    "mlx-lm": "0.32.2",
+    "mlx-cluster": "0.1.0",
+}
+
+
 def _with_ssh(c: synth.Cluster) -> synth.Cluster:
     for h in c.hosts:
         h.ssh = f"{h.name}.local"
+        h.versions = dict(VERSIONS)
     return c
 
 
@@ -38,7 +52,7 @@ def mesh_4x() -> synth.Cluster:
 def mesh_8x() -> synth.Cluster:
     c = synth.cluster(8)
     names = [h.name for h in c.hosts]
-    unpaired = {frozenset((names[i], names[i + 4])) for i in range(4)}  # a-e, b-f, c-g, d-h
+    unpaired = {frozenset((names[i], names[(i + 3) % 8])) for i in range(8)}  # a-d, b-e, ...
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             if frozenset((a, b)) not in unpaired:
@@ -49,7 +63,7 @@ def mesh_8x() -> synth.Cluster:
 def needs_fixes() -> synth.Cluster:
     c = synth.cluster(4)
     c.host("studio-c").rdma = False
-    c.host("studio-a").bridge = (1, 2)
+    c.host("studio-a").bridge = (2, 3)  # two of its cables (port 1 is en2, left free)
     for a, b in [("studio-a", "studio-b"), ("studio-a", "studio-c"), ("studio-a", "studio-d")]:
         c.cable(a, b)
     c.cable("studio-b", "studio-c", speed=40.0)

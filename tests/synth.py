@@ -3,12 +3,14 @@
 Build a `Cluster` of `SynthHost`s, plug `cable`s between ports, then take `files()` (what the probe
 would have recorded, per host), `write(dir)` a snapshot, or `facts()`. Each host maps its ports to
 interfaces non-monotonically (and differently per host), like real Macs (1→en1, 2→en6, 3→en2), so
-code that guesses an interface from a port number fails the tests.
+code that guesses an interface from a port number fails the tests. On a Mac Studio the port whose
+interface is en2 does no RDMA: `cable()` never picks it unless a port is given.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,10 @@ class Preset:
     ports: int
     tb5: bool  # Thunderbolt 5, RDMA capable; False = TB4-class: enabled but no rdma devices
     memory_gb: int
+
+    @property
+    def studio(self) -> bool:
+        return self.device_name == "Mac Studio"
 
 
 # Port counts are the rear/front Thunderbolt ports of each model (Apple tech specs).
@@ -58,6 +64,7 @@ class SynthHost:
     ssh: str | None = None  # host.yaml `ssh:`
     lan_ip: str | None = "auto"  # en0's address ("auto": 192.168.1.<10+i>, None: no address)
     uuid_seed: str | None = None  # same seed as another host = the same Mac
+    versions: dict[str, str | None] | None = None  # versions.txt (None: not recorded)
 
     @property
     def hw(self) -> Preset:
@@ -73,6 +80,10 @@ class Cable:
     speed: float = 80.0
     one_sided: bool = False  # b's end does not see a
     rdma_down: bool = False  # ibv_devinfo says PORT_DOWN on both ends anyway
+    # Each end's IPv4 address: "auto" = 10.0.<cable index>.<1 or 2>, None = no address.
+    a_ip: str | None = "auto"
+    b_ip: str | None = "auto"
+    prefix: int = 30
 
 
 def bus_uuid(seed: str, port: int) -> str:
@@ -98,8 +109,16 @@ class Cluster:
         ends = [(c.a, c.a_port) for c in self.cables] + [(c.b, c.b_port) for c in self.cables]
         return {p for h, p in ends if h == name} | set(self.host(name).docks)
 
+    def rdma_less_port(self, name: str) -> int | None:
+        """The Mac Studio port next to Ethernet (interface en2): no RDMA there."""
+        if not self.host(name).hw.studio:
+            return None
+        ports = range(1, self.host(name).hw.ports + 1)
+        return next((p for p in ports if self.iface(name, p) == "en2"), None)
+
     def free_port(self, name: str) -> int:
-        free = [p for p in range(1, self.host(name).hw.ports + 1) if p not in self.used(name)]
+        skip = self.used(name) | {self.rdma_less_port(name)}
+        free = [p for p in range(1, self.host(name).hw.ports + 1) if p not in skip]
         if not free:
             raise ValueError(f"{name} has no free port")
         return free[0]
@@ -240,7 +259,10 @@ class Cluster:
                 c = ends[p][0]
                 n = self.cables.index(c)
                 end = 1 if c.a == h.name else 2
-                inet = f"\tinet 10.0.{n}.{end} netmask 0xfffffffc broadcast 10.0.{n}.3\n"
+                ip = c.a_ip if end == 1 else c.b_ip
+                if ip == "auto":
+                    ip = f"10.0.{n}.{end}"
+                inet = inet_line(ip, c.prefix) if ip else ""
             status = "active" if p in ends or p in h.docks else "inactive"
             out.append(
                 f"{iface}: {up}\n\tether 36:00:00:00:{index:02x}:{p:02x}\n"
@@ -304,6 +326,8 @@ class Cluster:
                 ),
                 "ifconfig.txt": self._ifconfig(h, index),
             }
+        if h.versions is not None:
+            files["versions.txt"] = "".join(f"{k} {v or '-'}\n" for k, v in h.versions.items())
         for f in h.missing:
             files[f] = None
         for f in h.garbage:
@@ -334,6 +358,13 @@ class Cluster:
             if self.host_yaml(h):
                 (d / "host.yaml").write_text(yaml.safe_dump(self.host_yaml(h)), encoding="utf-8")
         return directory
+
+
+def inet_line(ip: str, prefix: int) -> str:
+    """An `inet` line as macOS ifconfig prints it (hex netmask, broadcast)."""
+    net = ipaddress.IPv4Network(f"{ip}/{prefix}", strict=False)
+    mask = int(net.netmask)
+    return f"\tinet {ip} netmask 0x{mask:08x} broadcast {net.broadcast_address}\n"
 
 
 _MAC_COMMANDS = {

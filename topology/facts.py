@@ -25,6 +25,9 @@ SNAPSHOT_FILES = (
     "sysctl.txt",
     "ifconfig.txt",
 )
+# Optional files: a snapshot without them is complete (they add checks, never a probe_missing).
+VERSIONS_FILE = "versions.txt"  # `name version` per line, from the host's configured python
+OPTIONAL_SNAPSHOT_FILES = (VERSIONS_FILE,)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,23 @@ class ProbeGap:
 
 
 @dataclass(frozen=True)
+class Software:
+    """What the host's configured python has: `python`, `mlx`, `mlx-lm`, `mlx-cluster`, ...
+
+    `versions` pairs a name with its version, None when the package is not installed.
+    """
+
+    versions: tuple[tuple[str, str | None], ...]
+    error: str | None = None  # the configured python did not run (its first error line)
+
+    def version(self, name: str) -> str | None:
+        return dict(self.versions).get(name)
+
+    def has(self, name: str) -> bool:
+        return any(n == name for n, _ in self.versions)
+
+
+@dataclass(frozen=True)
 class HostFacts:
     name: str
     ssh: str | None = None
@@ -81,6 +101,7 @@ class HostFacts:
     gaps: tuple[ProbeGap, ...] = ()
     wired_limit_bytes: int | None = None  # GPU-usable memory when the user set it
     bandwidth_gbs: float | None = None  # memory bandwidth override (GB/s)
+    software: Software | None = None  # None: versions.txt not recorded (nothing to compare)
 
     def rdma_device(self, iface: str | None) -> RdmaDevice | None:
         if iface is None:

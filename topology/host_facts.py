@@ -12,7 +12,15 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from topology.errors import one_line
-from topology.facts import HostFacts, ProbeGap, RdmaDevice, RdmaState, TbPort
+from topology.facts import (
+    VERSIONS_FILE,
+    HostFacts,
+    ProbeGap,
+    RdmaDevice,
+    RdmaState,
+    Software,
+    TbPort,
+)
 from topology.parse import (
     Ifconfig,
     SwVers,
@@ -25,6 +33,7 @@ from topology.parse import (
     parse_sw_vers,
     parse_sysctl,
     parse_thunderbolt,
+    parse_versions,
     thunderbolt_ifaces,
 )
 
@@ -78,6 +87,16 @@ class _Reader:
         except ValueError as e:  # ParseError, or any value a parser found malformed
             self.gaps.append(ProbeGap(file, f"unparsable: {one_line(str(e), 200)}"))
             return None
+
+
+def _software(r: _Reader) -> Software | None:
+    """versions.txt when recorded; the python's own failure when it did not run; else None."""
+    if r.files.get(VERSIONS_FILE) is not None:
+        return r.read(VERSIONS_FILE, parse_versions)
+    error = (r.files.get(VERSIONS_FILE + ERROR_SUFFIX) or "").strip()
+    if not error or error.startswith(SSH_FAILED):
+        return None  # not recorded (an older snapshot), or the host did not answer at all
+    return Software((), one_line(error.splitlines()[0], 300))
 
 
 def _is_mac(files: Mapping[str, str | None], sw: SwVers | None) -> bool:
@@ -157,6 +176,7 @@ def host_facts(
         bridge_members=ifc.bridge_members,
         bridge_active=ifc.bridge_active,
         addrs=ifc.addrs,
+        software=_software(r),
         gaps=tuple(r.gaps),
     )
 

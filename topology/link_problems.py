@@ -1,14 +1,16 @@
-"""Cabling problems between Macs: missing, one-sided, RDMA-down and slow cables, outsiders.
+"""Cabling problems between Macs: missing, one-sided, RDMA-down, RDMA-less and slow cables.
 
 A missing cable blocks jaccl (full mesh) always, and jaccl-ring only when no RDMA ring exists and
 the pair sits on the cheapest ring to complete. Free ports are handed out once each, ring pairs
-first, so every `fix` names a cable a person can plug in right now.
+first, so every `fix` names a cable a person can plug in (or a port to move one to) right now;
+the Mac Studio's RDMA-less port is never handed out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from topology.checks.ports import rdma_less_ends, rdma_ports
 from topology.facts import Backend, HostFacts, Link, TbPort
 from topology.finding import NO_BACKEND, Finding
 from topology.links import LinkGraph, free_ports, min_cost_cycle
@@ -32,8 +34,11 @@ class _Ports:
     """Free ports per host, each handed out to one missing cable only."""
 
     def __init__(self, hosts: Sequence[HostFacts]) -> None:
-        self.free = {h.name: list(free_ports(h)) for h in hosts}
-        self.total = {h.name: len(h.tb_ports) for h in hosts}
+        self.free = {h.name: list(rdma_ports(h, free_ports(h))) for h in hosts}
+        self.total = {h.name: len(rdma_ports(h, h.tb_ports)) for h in hosts}
+
+    def take(self, host: str) -> TbPort | None:
+        return self.free[host].pop(0) if self.free[host] else None
 
     def take_pair(self, a: str, b: str) -> tuple[TbPort, TbPort] | str:
         """A free port on each end, or the name of the end that has none (nothing taken then)."""
@@ -54,7 +59,10 @@ def _missing(a: str, b: str, ports: _Ports, n_macs: int, blocks: frozenset[Backe
         fix = f"Connect a Thunderbolt 5 cable from {a} {_port(pair[0])} to {b} {_port(pair[1])}."
     else:
         other = b if pair == a else a
-        fix = f"{pair} has no free Thunderbolt port ({ports.total[pair]} ports, all in use)"
+        fix = (
+            f"{pair} has no free Thunderbolt port with RDMA ({ports.total[pair]} such ports, "
+            "all in use)"
+        )
         if not on_ring:
             fix += (
                 f" and a full mesh of {n_macs} Macs needs {n_macs - 1} on each: use "
@@ -90,6 +98,30 @@ def _port_down(k: Link, hosts: dict[str, HostFacts], blocks: frozenset[Backend])
         f"if `ibv_devinfo` still shows PORT_DOWN, reboot {k.a} and {k.b}."
     )
     return Finding("rdma_port_down", (k.a, k.b), message, fix, blocks)
+
+
+def _rdma_less(
+    k: Link, ends: tuple[str, ...], ports: _Ports, blocks: frozenset[Backend]
+) -> Finding:
+    cable = f"{_end(k.a, k.a_port, k.a_iface)} ↔ {_end(k.b, k.b_port, k.b_iface)}"
+    which = " and ".join(f"{h}'s {k.iface_of(h)}" for h in ends)
+    message = (
+        f"{cable}: {which} is the Mac Studio port next to the Ethernet port, which does no RDMA"
+    )
+    if not blocks:
+        message += " (another cable joins the pair, so nothing depends on this one)"
+    moves = []
+    for h in ends:
+        port = ports.take(h)
+        here = _end(h, k.port_of(h), k.iface_of(h))
+        moves.append(
+            f"Move the cable from {here} to {h} {_port(port)}."
+            if port is not None
+            else f"Free a port on {h} (it has no other free Thunderbolt port) and move the cable "
+            f"from {here} there."
+        )
+    fix = " ".join(moves) + " Any port but the one next to Ethernet does RDMA."
+    return Finding("rdma_port_unsupported", ends, message, fix, blocks)
 
 
 def _slow(k: Link) -> Finding:
@@ -133,14 +165,19 @@ def link_findings(macs: Sequence[HostFacts], graph: LinkGraph, all_known: bool) 
         blocks: frozenset[Backend] = frozenset(
             ["jaccl", "jaccl-ring"] if frozenset((a, b)) in ring else ["jaccl"]
         )
-        links = graph.between(a, b)
-        if not links and any({s.host, s.peer} == {a, b} for s in graph.one_sided):
+        every = graph.between(a, b)
+        links = tuple(k for k in every if not rdma_less_ends(k, by_name))
+        for k in every:  # a cable in the RDMA-less port matters when no other joins the pair
+            if ends := rdma_less_ends(k, by_name):
+                found.append(_rdma_less(k, ends, ports, NO_BACKEND if links else blocks))
+        if not every and any({s.host, s.peer} == {a, b} for s in graph.one_sided):
             found.append(_one_sided(graph, a, b, blocks))
-        elif not links:
+        elif not every:
             found.append(_missing(a, b, ports, len(names), blocks))
-        elif not any(k.rdma for k in links) and all(_rdma_ready(by_name[h]) for h in (a, b)):
-            found.extend(_port_down(k, by_name, blocks) for k in links)
-        elif any(k.rdma for k in links):
+        elif links and not any(k.rdma for k in links):
+            if all(_rdma_ready(by_name[h]) for h in (a, b)):
+                found.extend(_port_down(k, by_name, blocks) for k in links)
+        elif links:
             found.extend(_port_down(k, by_name, NO_BACKEND) for k in links if not k.rdma)
     for k in graph.links:
         if k.speed_gbps is not None and k.speed_gbps < FAST_LINK_GBPS:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from topology.checks.ports import rdma_less_port
 from topology.facts import HostFacts, Link, TbPort
 
 
@@ -62,7 +63,10 @@ def _duplicates(hosts: Sequence[HostFacts]) -> list[tuple[str, str]]:
 
 
 def _rdma(a: HostFacts, pa: TbPort, b: HostFacts, pb: TbPort) -> bool:
-    """RDMA works on a cable when both ends have the port's rdma device and it is PORT_ACTIVE."""
+    """RDMA works on a cable when both ends have the port's rdma device and it is PORT_ACTIVE,
+    and neither end is a port that lists a device yet does no RDMA (the Mac Studio's en2)."""
+    if rdma_less_port(a, pa.iface) or rdma_less_port(b, pb.iface):
+        return False
     da, db = a.rdma_device(pa.iface), b.rdma_device(pb.iface)
     return da is not None and db is not None and da.state == db.state == "active"
 

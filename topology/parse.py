@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from topology.facts import IfaceAddr, PortState, RdmaDevice, RdmaState, TbPort
+from topology.facts import IfaceAddr, PortState, RdmaDevice, RdmaState, Software, TbPort
 from topology.untrusted import Refused, clean, parse_json
 
 # XDomain protocol id of the RDMA service a Mac advertises once `rdma_ctl enable` is done.
@@ -28,6 +28,9 @@ _UUID_RE = re.compile(r"[0-9A-Za-z-]{1,64}")
 _VERSION_RE = re.compile(r"\d{1,4}(?:\.\d{1,4}){0,3}")
 _BUILD_RE = re.compile(r"[A-Za-z0-9]{1,32}")
 _MODEL_RE = re.compile(r"[A-Za-z0-9,._ -]{1,64}")
+_PACKAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_PACKAGE_VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_!-]{0,63}")
+MAX_PACKAGES = 64  # versions.txt lists python and three packages; leave room for more
 _PRINTABLE = re.compile(r"[^\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]{1,100}")
 _TB_JSON_DEPTH = 64  # system_profiler nests daisy-chained devices; real output stays under 20
 MAX_PORTS = 64  # Thunderbolt buses of one Mac (an M3 Ultra has 6)
@@ -297,3 +300,25 @@ def parse_ifconfig(text: str) -> Ifconfig:
         bridge_active=bridge_up and status.get("bridge0", "active") == "active",
         addrs=tuple(addrs),
     )
+
+
+def parse_versions(text: str) -> Software:
+    """versions.txt: `name version` per line (`-` = not installed), e.g. `mlx 0.32.2`."""
+    found: dict[str, str | None] = {}
+    for raw in text.splitlines():
+        words = raw.split()
+        if not words:
+            continue
+        if len(words) != 2 or not _PACKAGE_RE.fullmatch(words[0]):
+            raise ParseError(f"{_q(raw.strip())} is not a `name version` line")
+        name, version = words
+        if version != "-" and not _PACKAGE_VERSION_RE.fullmatch(version):
+            raise ParseError(f"{name}: {_q(version)} is not a version (or `-`)")
+        if name in found:
+            raise ParseError(f"{name} is listed twice")
+        if len(found) >= MAX_PACKAGES:
+            raise ParseError(f"more than {MAX_PACKAGES} lines")
+        found[name] = None if version == "-" else version
+    if not found:
+        raise ParseError("no `name version` lines")
+    return Software(tuple(found.items()))

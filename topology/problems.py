@@ -10,9 +10,16 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 
+from topology.checks.addressing import address_findings
+from topology.checks.versions import (
+    SOFTWARE_UPDATE,
+    env_findings,
+    macos_findings,
+    software_findings,
+)
 from topology.cluster_file import BACKENDS
 from topology.errors import InputError
-from topology.facts import Backend, CheckResult, HostFacts, ProbeGap, Problem
+from topology.facts import VERSIONS_FILE, Backend, CheckResult, HostFacts, ProbeGap, Problem
 from topology.finding import (
     ALL_BACKENDS,
     BACKEND_ORDER,
@@ -37,7 +44,6 @@ from topology.links import LinkGraph, link_graph
 
 MIN_RDMA_MACOS = (26, 2)  # RDMA over Thunderbolt arrived in macOS 26.2 (Apple TN3205)
 MAX_JACCL_HOSTS = 8
-SOFTWARE_UPDATE = "System Settings → General → Software Update"
 
 CODE_ORDER = (
     "duplicate_host",
@@ -45,6 +51,8 @@ CODE_ORDER = (
     "not_a_mac",
     "macos_too_old",
     "macos_mismatch",
+    "software_missing",
+    "software_mismatch",
     "rdma_disabled",
     "rdma_no_devices",
     "tb_bridge_active",
@@ -52,9 +60,13 @@ CODE_ORDER = (
     "missing_link",
     "asymmetric_link",
     "rdma_port_down",
+    "rdma_port_unsupported",
+    "link_no_address",
+    "link_address_mismatch",
     "slow_link",
     "unknown_peer",
     "no_address",
+    "fast_synch_unsafe",
 )
 
 
@@ -90,8 +102,8 @@ def _gap_blocks(h: HostFacts, gap: ProbeGap, rdma: frozenset[Backend]) -> frozen
     """Which backends can't be verified without this file."""
     if gap.file in ESSENTIAL_FILES:
         return ALL_BACKENDS
-    if gap.file == SYSCTL:
-        return NO_BACKEND  # only chip and memory: the planner reports what that costs
+    if gap.file in (SYSCTL, VERSIONS_FILE):
+        return NO_BACKEND  # chip and memory, or versions: what they would tell is extra
     if gap.file == IFCONFIG:
         return rdma | (NO_BACKEND if h.ips else RING)
     if gap.file == RDMA_CTL and h.rdma_devices:
@@ -115,6 +127,11 @@ def _probe_missing(h: HostFacts, rdma: frozenset[Backend]) -> list[Finding]:
             f"Run `{cmd}` on {h.name} and save its output as {h.name}/{g.file} in the snapshot, "
             "or take a new one with `mlx-cluster topology snapshot`."
         )
+        if g.file == VERSIONS_FILE:  # written by the probe, not printed by one command
+            fix = (
+                f"Take a new snapshot with `mlx-cluster topology snapshot` (it records "
+                f"{g.file} with {h.name}'s configured python), or delete {h.name}/{g.file}."
+            )
         if g.file in _WHAT_IS_UNKNOWN:
             fix += f" Until then {_WHAT_IS_UNKNOWN[g.file]} is unknown."
         message = f"{h.name}: {g.file}: {g.reason}"
@@ -232,31 +249,14 @@ def _host_findings(hosts: Sequence[HostFacts], graph: LinkGraph) -> list[Finding
     return found
 
 
-def _macos_findings(macs: Sequence[HostFacts], rdma: frozenset[Backend]) -> list[Finding]:
-    versions = {h.macos for h in macs if h.macos}
-    if len(versions) < 2:
-        return []
-    newest = max(versions, key=_version)
-    behind = tuple(h.name for h in macs if h.macos and h.macos != newest)
-    listed = ", ".join(f"{h.name} {h.macos}" for h in macs if h.macos)
-    return [
-        Finding(
-            "macos_mismatch",
-            behind,
-            f"macOS versions differ ({listed}); RDMA peers should run the same version",
-            f"Update {', '.join(behind)} to macOS {newest} ({SOFTWARE_UPDATE}).",
-            rdma,
-        )
-    ]
-
-
 def _findings(hosts: Sequence[HostFacts]) -> tuple[LinkGraph, list[Finding]]:
     graph = link_graph(hosts)
     found = _host_findings(hosts, graph)
     dups = {b for _, b in graph.duplicates}
     macs = [h for h in hosts if h.is_mac and h.name not in dups]
     rdma = RDMA_BACKENDS if len(hosts) >= 2 else NO_BACKEND
-    found += _macos_findings(macs, rdma)
+    found += macos_findings(macs, rdma)
+    found += software_findings([h for h in hosts if h.name not in dups])
     if len(macs) > MAX_JACCL_HOSTS:
         found.append(
             Finding(
@@ -269,6 +269,7 @@ def _findings(hosts: Sequence[HostFacts]) -> tuple[LinkGraph, list[Finding]]:
         )
     with_tb = [h for h in macs if TB_JSON not in {g.file for g in h.gaps}]
     found += link_findings(with_tb, graph, all_known=len(with_tb) == len(hosts))
+    found += address_findings([h for h in hosts if h.name not in dups], graph)
     return graph, found
 
 
@@ -283,14 +284,16 @@ def _sorted(problems: Iterable[Problem], names: Sequence[str]) -> tuple[Problem,
     return tuple(sorted(problems, key=key))
 
 
-def check(hosts: Sequence[HostFacts], target: str = "auto") -> CheckResult:
-    """Validate the hosts against `target` (auto = jaccl, the full RDMA mesh)."""
+def check(hosts: Sequence[HostFacts], target: str = "auto", env: Sequence[str] = ()) -> CheckResult:
+    """Validate the hosts against `target` (auto = jaccl, the full RDMA mesh); `env` is the
+    cluster file's `env:` (settings every rank gets)."""
     if target not in BACKENDS:
         raise InputError(f"--backend: must be one of {', '.join(BACKENDS)}, got {target!r}")
     if not hosts:
         raise InputError("no hosts to check: give a cluster file, --hosts or --snapshot")
     goal = "jaccl" if target == "auto" else target
     graph, found = _findings(hosts)
+    found += env_findings(env, hosts)
     backend = next((b for b in BACKEND_ORDER if not any(b in f.blocks for f in found)), None)
     problems = (
         Problem(f.code, "error" if goal in f.blocks else "warning", f.hosts, f.message, f.fix)

@@ -1,4 +1,4 @@
-"""`mlx-cluster topology check` and `topology snapshot`."""
+"""`mlx-cluster topology check`, `topology snapshot` and (registered here) `topology setup`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from launcher.cli.options import CLUSTER, CONTEXT, DIRECTORY, FILE, HOSTS, MODEL
+from launcher.cli.topology_setup import setup_cmd
 from launcher.discovery.cluster import discovered_cluster, refuse_other_sources
 from launcher.hosts.gather import cluster_from_args, cluster_to_probe, probe_facts
 from launcher.hosts.probe import probe_hosts
@@ -98,7 +99,7 @@ def check_cmd(
     else:
         spec, files = cluster_from_args(cluster, hosts, snapshot), None
     facts = probe_facts(spec, files) if spec else load_snapshot(snapshot or Path())
-    result = check(facts, backend or (spec.backend if spec else "auto"))
+    result = check(facts, backend or (spec.backend if spec else "auto"), spec.env if spec else ())
     if model:
         result = _with_model(result, model, context)
     if dot_file:
@@ -163,3 +164,6 @@ def snapshot_cmd(cluster: str | None, hosts: str | None, out: Path, discover: bo
         f"Snapshot written to {out}; check it with `mlx-cluster topology check --snapshot {out}`"
     )
     return 0
+
+
+topology.add_command(setup_cmd)

@@ -2,18 +2,21 @@
 
 stdout is kept byte for byte (decoded with surrogateescape, so writing it back restores the bytes).
 When a command fails, `<file>.error` says how (exit code and the first stderr lines); `uname.txt`
-(`uname -s`) tells a Mac from a Linux box. Hosts are probed in parallel; every command has a
+(`uname -s`) tells a Mac from a Linux box; `versions.txt` is what the host's configured python
+(the one its ranks will run) has installed. Hosts are probed in parallel; every command has a
 timeout.
 """
 
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from launcher.hosts.ssh import is_local, ssh_argv
 from topology.cluster_file import ClusterSpec, HostSpec
+from topology.facts import VERSIONS_FILE
 from topology.host_facts import COMMANDS, ERROR_SUFFIX, SSH_FAILED, UNAME_FILE
 
 COMMAND_TIMEOUT_S = 30.0  # system_profiler can take several seconds on a busy Mac
@@ -22,6 +25,21 @@ TIMED_OUT = 124  # what _run reports for a command that outlived its timeout
 _STDERR_KEEP = 2000
 
 PROBES: dict[str, tuple[str, ...]] = {UNAME_FILE: ("uname", "-s"), **COMMANDS}
+# versions.txt: `name version` per line, `-` when not installed. Reads package metadata only
+# (nothing is imported), so it takes a fraction of a second even where mlx is installed.
+VERSIONS_SCRIPT = """import importlib.metadata as m, platform
+print("python", platform.python_version())
+for p in ("mlx", "mlx-lm", "mlx-cluster"):
+    try:
+        v = m.version(p)
+    except Exception:
+        v = "-"
+    print(p, v)
+"""
+
+
+def versions_argv(python: str) -> tuple[str, ...]:
+    return (python, "-c", VERSIONS_SCRIPT)
 
 
 def _decode(data: bytes) -> str:
@@ -52,7 +70,9 @@ def _record(
         out[file + ERROR_SUFFIX] = f"`{' '.join(cmd)}` failed (exit {rc}): {first}\n{err}\n"
 
 
-def _probe(argv_for: dict[str, list[str]], remote: bool, timeout_s: float) -> dict[str, str | None]:
+def _probe(
+    argv_for: dict[str, list[str]], remote: bool, timeout_s: float, python: str
+) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for file, argv in argv_for.items():
         rc, stdout, err = _run(argv, timeout_s)
@@ -65,13 +85,20 @@ def _probe(argv_for: dict[str, list[str]], remote: bool, timeout_s: float) -> di
                 out[name] = None
                 out[name + ERROR_SUFFIX] = f"{reason}\n{err}\n"
             return out
-        _record(out, file, PROBES[file], rc, stdout, err)
+        shown = PROBES.get(file) or (python, "-c", "<versions script>")
+        _record(out, file, shown, rc, stdout, err)
     return out
 
 
-def probe_local(timeout_s: float = COMMAND_TIMEOUT_S) -> dict[str, str | None]:
-    """This machine's snapshot files (every command run here, no ssh)."""
-    return _probe({f: list(cmd) for f, cmd in PROBES.items()}, remote=False, timeout_s=timeout_s)
+def probe_local(
+    timeout_s: float = COMMAND_TIMEOUT_S, python: str | None = None
+) -> dict[str, str | None]:
+    """This machine's snapshot files (every command run here, no ssh). Ranks run here with this
+    very interpreter, so its versions are the ones recorded unless `python` says otherwise."""
+    python = python or sys.executable
+    argv_for = {f: list(cmd) for f, cmd in PROBES.items()}
+    argv_for[VERSIONS_FILE] = list(versions_argv(python))
+    return _probe(argv_for, remote=False, timeout_s=timeout_s, python=python)
 
 
 def probe_host(
@@ -80,8 +107,10 @@ def probe_host(
     """One host's snapshot files: locally for `localhost`, else one ssh call per command."""
     if is_local(host):
         return probe_local(timeout_s)
+    python = spec.python_for(host)
     argv_for = {f: ssh_argv(spec, host, cmd) for f, cmd in PROBES.items()}
-    return _probe(argv_for, remote=True, timeout_s=timeout_s)
+    argv_for[VERSIONS_FILE] = ssh_argv(spec, host, versions_argv(python))
+    return _probe(argv_for, remote=True, timeout_s=timeout_s, python=python)
 
 
 def probe_hosts(

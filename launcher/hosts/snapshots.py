@@ -14,12 +14,12 @@ import yaml
 
 from topology.cluster_file import MAX_HOSTS, NAME_MAX, NAME_RE, HostSpec, parse_host
 from topology.errors import InputError
-from topology.facts import SNAPSHOT_FILES, HostFacts
+from topology.facts import OPTIONAL_SNAPSHOT_FILES, SNAPSHOT_FILES, HostFacts
 from topology.host_facts import ERROR_SUFFIX, UNAME_FILE, host_facts
 from topology.untrusted import clean, load_yaml
 
 HOST_YAML = "host.yaml"
-KNOWN_FILES = (*SNAPSHOT_FILES, UNAME_FILE)
+KNOWN_FILES = (*SNAPSHOT_FILES, UNAME_FILE, *OPTIONAL_SNAPSHOT_FILES)
 _MAX_FILE_BYTES = 16 * 1024 * 1024  # a real command output is well under 1 MB
 _MAX_HOST_YAML_BYTES = 64 * 1024  # `ssh:` and `ips:`: a few lines
 

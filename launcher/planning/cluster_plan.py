@@ -71,7 +71,7 @@ def plan_for_facts(
     envs: Sequence[str] = (),
 ) -> tuple[Plan, dict[str, Any]]:
     """Check the hosts, plan, and the mlx.launch hostfile (no hosts when there is no plan)."""
-    result = check(facts, backend)
+    result = check(facts, backend, envs)
     plan = plan_cluster(
         result, spec, strategy=strategy, backend=backend, context=context,
         calibration=load_calibration(),  # bench --calibrate's numbers, when saved

@@ -48,6 +48,9 @@ def test_example_needing_fixes_exits_1_with_the_fixes() -> None:
         ("rdma_disabled", ("studio-c",)),
         ("tb_bridge_active", ("studio-a",)),
         ("missing_link", ("studio-b", "studio-d")),
+        # the bridged ports hold no address of their own
+        ("link_no_address", ("studio-a", "studio-b")),
+        ("link_no_address", ("studio-a", "studio-c")),
     }
     assert obj["backend"] == "ring"
     ring = run(
@@ -71,7 +74,7 @@ def test_example_eight_hosts_ring_only(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout
     dot = (tmp_path / "w.dot").read_text()
-    assert dot.count(" -- ") == 24 + 4  # 24 cables, 4 missing pairs drawn red
+    assert dot.count(" -- ") == 20 + 8  # 20 cables, 8 missing pairs drawn red
 
 
 def test_examples_match_the_generator(tmp_path: Path) -> None:
@@ -240,3 +243,99 @@ def test_model_problems_come_from_the_planner(tmp_path: Path) -> None:
         tmp_path / "none",
     )
     assert "--model" in one_line_error(bad)
+
+
+def test_setup_on_the_ready_example_has_nothing_to_do() -> None:
+    done = run("topology", "setup", "--snapshot", SNAPSHOTS / "mesh-4x-m3-ultra", "--json")
+    assert done.returncode == 0, done.stderr
+    obj = json.loads(done.stdout)
+    assert set(obj) == {"hosts", "links", "manual"} and obj["manual"] == []
+    assert [h["commands"] for h in obj["hosts"]] == [[], [], [], []]
+    assert len(obj["links"]) == 6 and all(k["prefix_len"] == 30 for k in obj["links"])
+    text = run("topology", "setup", "--snapshot", SNAPSHOTS / "mesh-4x-m3-ultra")
+    assert text.returncode == 0 and "Nothing to do" in text.stdout
+
+
+def test_setup_then_check_on_a_freshly_cabled_snapshot(tmp_path: Path) -> None:
+    from snapshot_edit import apply_setup_to_dir
+
+    c = synth.mesh(4)
+    for cable in c.cables:
+        cable.a_ip = cable.b_ip = None
+    c.host("studio-b").bridge = (1,)
+    snap = c.write(tmp_path / "snap")
+    before = run("topology", "check", "--snapshot", snap, "--json")
+    assert before.returncode == 1
+    done = run("topology", "setup", "--snapshot", snap, "--json")
+    assert done.returncode == 1, done.stderr  # commands to run: not ready yet
+    obj = json.loads(done.stdout)
+    assert obj["manual"] == [] and sum(len(h["commands"]) for h in obj["hosts"]) == 1 + 12
+    apply_setup_to_dir(snap, obj)
+    after = run("topology", "check", "--snapshot", snap, "--json")
+    assert after.returncode == 0, after.stdout
+    again = run("topology", "setup", "--snapshot", snap, "--json")
+    assert again.returncode == 0 and all(
+        h["commands"] == [] for h in json.loads(again.stdout)["hosts"]
+    )
+
+
+def test_setup_lists_what_only_a_person_can_do() -> None:
+    done = run("topology", "setup", "--snapshot", SNAPSHOTS / "mesh-4x-needs-fixes")
+    assert done.returncode == 1
+    assert "sudo ifconfig bridge0 deletem" in done.stdout
+    assert "sudo networksetup -setmanual 'Thunderbolt" in done.stdout
+    assert "studio-c: Boot studio-c into Recovery" in done.stdout
+
+
+def test_setup_and_apply_on_this_linux_box_touch_nothing(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("hosts: [{name: here, ssh: localhost}]\nbackend: ring\n")
+    done = run("topology", "setup", tmp_path / "c.yaml", "--apply")
+    assert done.returncode == 0, done.stdout + done.stderr  # the TCP ring needs no command
+    assert "here: not a Mac; setup leaves it alone" in done.stdout
+    assert "Verdict: ready for ring" in done.stdout
+
+
+def test_fast_synch_in_a_cluster_file_is_a_warning(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(
+        "hosts: [{name: here, ssh: localhost}]\nbackend: ring\nenv: [MLX_METAL_FAST_SYNCH=1]\n"
+    )
+    done = run("topology", "check", tmp_path / "c.yaml", "--json")
+    assert done.returncode == 0, done.stderr
+    [p] = [p for p in json.loads(done.stdout)["problems"] if p["code"] == "fast_synch_unsafe"]
+    assert p["severity"] == "warning" and "mlx #3142" in p["message"]
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ([], "give exactly one of"),
+        (["--snapshot", "hostfiles/snapshots/mesh-4x-m3-ultra", "--apply"], "--apply"),
+        (["--snapshot", "hostfiles/snapshots/mesh-4x-m3-ultra", "--backend", "mpi"], "--backend"),
+        (["--snapshot", "/no/such/dir"], "no such directory"),
+        (["--snapshot", "hostfiles"], "not a snapshot"),
+        (["--snapshot", "hostfiles/snapshots/mesh-4x-m3-ultra", "--discover"], "--discover"),
+        (["/no/such/cluster.yaml"], "no such cluster file"),
+        (["--hosts", "a,,b", "--apply"], "--hosts"),
+        (["--hosts", "$(touch /tmp/setup-marker)"], "not a valid"),
+        (["--snapshot", "hostfiles/snapshots/mesh-4x-m3-ultra", "--json", "extra"], "exactly one"),
+    ],
+)
+def test_setup_bad_input_is_one_line_exit_2(args: list[str], match: str) -> None:
+    assert match in one_line_error(run("topology", "setup", *args))
+    assert not Path("/tmp/setup-marker").exists()
+
+
+@pytest.mark.parametrize("kind", sorted(CLUSTER_PROBLEMS))
+def test_setup_refuses_a_bad_cluster_file_before_anything_runs(tmp_path: Path, kind: str) -> None:
+    text, match = CLUSTER_PROBLEMS[kind]
+    marker = tmp_path / "marker"
+    (tmp_path / "c.yaml").write_text(text.replace("MARKER", str(marker)))
+    done = run("topology", "setup", tmp_path / "c.yaml", "--apply", cwd=tmp_path)
+    assert match in one_line_error(done)
+    assert not marker.exists()
+
+
+def test_setup_with_an_unreadable_snapshot_host_yaml_is_one_line(tmp_path: Path) -> None:
+    synth.mesh(2).write(tmp_path)
+    (tmp_path / "studio-a" / "host.yaml").write_text("ssh: &a x\nips: *a\n")
+    assert "anchors" in one_line_error(run("topology", "setup", "--snapshot", tmp_path))

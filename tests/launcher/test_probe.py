@@ -65,3 +65,22 @@ def test_ssh_argv_batch_mode_timeout_options_and_quoting() -> None:
     assert words == [f"{Path.home()}/venv/bin/python", "~x", "$(touch /tmp/x)"]
     argv2 = ssh_argv(spec2, spec2.hosts[0], ["true"])
     assert argv2.count("ConnectTimeout=2") == 1 and "ConnectTimeout=5" not in argv2
+
+
+def test_probe_records_versions_with_the_configured_python() -> None:
+    import sys
+    from importlib.metadata import version
+
+    files = probe_local(timeout_s=20)  # localhost: the launcher's own interpreter runs the ranks
+    lines = dict(line.split(" ", 1) for line in (files["versions.txt"] or "").splitlines())
+    assert lines["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert lines["mlx"] == version("mlx") and lines["mlx-cluster"] == version("mlx-cluster")
+    assert lines["mlx-lm"] == version("mlx-lm")
+    facts = host_facts("localhost", files)
+    assert facts.software is not None and facts.software.version("mlx") == version("mlx")
+    gone = probe_local(timeout_s=20, python="/no/such/python3")
+    assert gone["versions.txt"] is None and "exit 127" in (gone["versions.txt.error"] or "")
+    missing = host_facts("localhost", gone)
+    assert missing.software is not None and missing.software.error is not None
+    [p] = [p for p in check([missing]).problems if p.code == "software_missing"]
+    assert "/no/such/python3" in p.message and p.severity == "error"

@@ -108,3 +108,17 @@ def test_only_snapshot_file_names_are_ever_written(tmp_path: Path, name: str) ->
         "sw_vers.txt",
         "sw_vers.txt.error",
     ]
+
+
+def test_versions_txt_is_optional_and_round_trips(tmp_path: Path) -> None:
+    c = synth.mesh(2)
+    c.host("studio-a").versions = {"python": "3.12.7", "mlx": "0.32.2", "mlx-lm": None}
+    c.write(tmp_path / "snap")
+    a, b = load_snapshot(tmp_path / "snap")
+    assert a.software is not None and a.software.version("mlx") == "0.32.2"
+    assert a.software.has("mlx-lm") and a.software.version("mlx-lm") is None
+    assert b.software is None and b.gaps == ()  # no file: complete all the same
+    files = {"h": {"versions.txt": "python 3.11.2\nmlx -\n", "versions.txt.error": None}}
+    write_snapshot(tmp_path / "out", files)
+    assert (tmp_path / "out" / "h" / "versions.txt").read_text() == "python 3.11.2\nmlx -\n"
+    assert read_host_files(tmp_path / "out" / "h")["versions.txt"] == "python 3.11.2\nmlx -\n"

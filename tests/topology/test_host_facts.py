@@ -22,9 +22,11 @@ def test_full_mac() -> None:
     assert (h.macos, h.macos_build, h.is_mac, h.rdma) == ("26.2", "25C56", True, "enabled")
     assert (h.ssh, h.ips, h.gaps) == ("a.local", ("10.0.0.1",), ())
     assert len(h.tb_ports) == 6 and len(h.rdma_devices) == 6
-    port1 = next(p for p in h.tb_ports if p.port == 1)
-    assert port1.iface == c.iface("studio-a", 1) and port1.peer_uuid is not None
-    assert h.rdma_device(port1.iface) is not None and h.rdma_device(port1.iface).state == "active"  # type: ignore[union-attr]
+    used = c.cables[0].a_port  # port 1 is en2 here, the RDMA-less one: the cable skips it
+    port = next(p for p in h.tb_ports if p.port == used)
+    assert used != 1 and c.iface("studio-a", 1) == "en2"
+    assert port.iface == c.iface("studio-a", used) and port.peer_uuid is not None
+    assert h.rdma_device(port.iface) is not None and h.rdma_device(port.iface).state == "active"  # type: ignore[union-attr]
     assert any(a.prefix == 30 for a in h.addrs)
 
 

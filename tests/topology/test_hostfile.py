@@ -152,3 +152,47 @@ def test_no_hostfile_without_a_plan() -> None:
     assert not plan.ok
     with pytest.raises(ValueError):
         hostfile_json(plan, result.links)
+
+
+def test_double_cables_written_by_plan_out_pair_up_and_mlx_reads_them(tmp_path: Path) -> None:
+    """Two cables per pair (a-b, b-c), set up and planned through the CLI: jaccl pairs the k-th
+    device of each side, so row i's k-th device and row j's k-th device are one cable."""
+    c = synth.mesh(3)
+    c.cable("studio-a", "studio-b", a_ip=None, b_ip=None)  # the second a-b cable: not set up yet
+    c.cable("studio-c", "studio-b")  # listed from c's side first: order must not depend on it
+    snap = c.write(tmp_path / "snap")
+    cli = ROOT / ".venv" / "bin" / "mlx-cluster"
+    setup = subprocess.run(
+        [str(cli), "topology", "setup", "--snapshot", str(snap), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert setup.returncode == 1, setup.stderr  # one cable lacks addresses: one command per end
+    from snapshot_edit import apply_setup_to_dir
+
+    apply_setup_to_dir(snap, json.loads(setup.stdout))
+    model = FIXTURES / "models" / "qwen3-32b-8bit"
+    out = tmp_path / "plan"
+    done = subprocess.run(
+        [str(cli), "plan", "--snapshot", str(snap), "--model", str(model), "--out", str(out)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    hostfile = json.loads((out / "hostfile.json").read_text())
+    parsed = Hostfile.from_file(out / "hostfile.json")
+    assert parsed.backend == "jaccl" and [h.ssh_hostname for h in parsed.hosts] == synth.names(3)
+    links = check(c.facts()).links
+    rows = [h.rdma for h in parsed.hosts]
+    names = synth.names(3)
+    for i, j in ((0, 1), (1, 2)):
+        mine, theirs = rows[i][j], rows[j][i]
+        assert isinstance(mine, list) and isinstance(theirs, list) and len(mine) == 2
+        for dev_i, dev_j in zip(mine, theirs, strict=True):
+            cable = next(
+                k for k in links
+                if names[i] in (k.a, k.b) and f"rdma_{k.iface_of(names[i])}" == dev_i
+            )  # fmt: skip
+            assert {cable.a, cable.b} == {names[i], names[j]}
+            assert dev_j == f"rdma_{cable.iface_of(names[j])}"  # the other end of that cable
+    assert isinstance(rows[0][2], str)  # one cable a-c: a single device
+    reports = rank_reports(run_mlx_launch(tmp_path, hostfile))
+    assert [r["devices"] for r in reports] == [rows] * 3

@@ -47,11 +47,11 @@ def test_text_report_matrix_problems_and_verdict() -> None:
     assert "studio-a  Apple M3 Ultra  512 GB  26.2   enabled" in text
     row_a = next(line for line in text.splitlines() if line.startswith("  studio-a  ·"))
     assert row_a.split()[2] == "-"  # no cable to studio-b
-    assert row_a.endswith("2→1 80")  # to studio-c, no RDMA mark: studio-c's RDMA is off
+    assert row_a.endswith("3→1 80")  # to studio-c, no RDMA mark: studio-c's RDMA is off
     assert "ERROR   rdma_disabled" in text and "fix: Boot studio-c into Recovery" in text
     assert text.rstrip().endswith("Best backend today: ring (TCP ring).")
     ok = text_report(check(synth.mesh(2).facts()))
-    assert "1→1 80*" in ok and "Problems: none" in ok
+    assert "2→1 80*" in ok and "Problems: none" in ok
     assert ok.rstrip().endswith("Verdict: ready for jaccl (full RDMA mesh over 2 hosts).")
     ring = text_report(check(synth.mesh(2).facts(), "ring"))
     assert "the wiring allows jaccl" in ring
