@@ -115,6 +115,13 @@ def decode(
     keep_logits = int(job.options.get("return_logits", 0))
     delay = float(job.options.get("token_delay_s", 0.0))  # lets launcher tests act mid-decode
     fail = job.options.get("fail_at_token")  # {"rank": r, "token": n}: launcher tests
+    prompt_delay = float(job.options.get("prompt_delay_s", 0.0))  # a slow prefill, for tests
+
+    def prompt_progress(done: int, total: int) -> None:
+        if prompt_delay and 0 < done < total:  # after each chunk (not the start, not the end)
+            time.sleep(prompt_delay)
+        emit("progress", rank=job.rank, stage="prompt", done=done, total=total, chunk=PREFILL_STEP)
+
     result = Decoded(prompt_tokens=len(ids))
     kept: list[mx.array] = []
     processors = [_logit_keeper(kept, keep_logits)] if keep_logits > 0 else None
@@ -127,9 +134,7 @@ def decode(
         sampler=make_sampler(job.temp, job.top_p),
         logits_processors=processors,
         prefill_step_size=PREFILL_STEP,
-        prompt_progress_callback=lambda done, total: emit(
-            "progress", rank=job.rank, stage="prompt", done=done, total=total, chunk=PREFILL_STEP
-        ),
+        prompt_progress_callback=prompt_progress,
     ):
         if response.finish_reason != "stop":  # a stop response carries the EOS token
             result.tokens.append(response.token)

@@ -37,10 +37,12 @@ class RankJob:
     # (MLX_HOSTFILE, MLX_IBV_DEVICES), as mlx.launch does.
     files: dict[str, str] = field(default_factory=dict)
     heartbeat_s: float = 1.0  # how often the rank says it is alive
-    # The rank's own deadlines (0 = off), enforced by cluster/rank_guard.py outside the GIL: a
-    # rank cut off from the launcher and its peers must not live on holding the model.
-    stall_timeout_s: float = 0.0  # no progress while decoding
-    load_timeout_s: float = 0.0  # no progress before decoding starts
+    # The rank's own deadline (0 = off), enforced by cluster/rank_guard.py outside the GIL: the
+    # launcher writes an empty line every second; a rank that stops getting them for this long
+    # is cut off from the launcher and stops itself rather than hold the model's memory.
+    orphan_timeout_s: float = 0.0
+    # The links this rank's guard heartbeats (its collectives' peers): cluster/rank_guard.py.
+    links: list[dict[str, Any]] = field(default_factory=list)
     mode: str = "generate"  # "generate" | "serve" | "bench"
     options: dict[str, Any] = field(default_factory=dict)  # mode-specific settings
 

@@ -6,15 +6,16 @@ is gone or progress stalls — even while an MLX call holds the GIL. Here a watc
 at stdin EOF (the usual, GIL-free case), a heartbeat thread reports every heartbeat_s, and the
 main thread initialises MLX distributed, loads this rank's shard and decodes. Exit codes: 0
 done, 1 failed, 2 unusable input (model, shapes, job), 3 the launcher went away, 130
-interrupted.
+interrupted, 143 stopped by SIGTERM.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
+import json
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -27,24 +28,20 @@ from cluster.job import RankJob, event_line
 from topology.errors import InputError
 
 EXIT_FAILED, EXIT_INPUT, EXIT_ORPHANED = 1, 2, 3
+EXIT_TERMINATED = 128 + 15  # as a shell reports a SIGTERM
 
 
 class Reporter:
     """Event lines on stderr (one writer at a time) and what the heartbeat says."""
 
-    def __init__(self, stream: TextIO, rank: int, progress_fd: int | None = None) -> None:
+    def __init__(self, stream: TextIO, rank: int) -> None:
         self.stream, self.rank = stream, rank
-        self.progress_fd = progress_fd  # the guard's progress pipe
         self.lock = threading.Lock()
         self.stage = "starting"
         self.last_progress = time.monotonic()
 
     def _progressed(self) -> None:
         self.last_progress = time.monotonic()
-        if self.progress_fd is not None:
-            # guard gone or pipe full: either way the guard already knows enough
-            with contextlib.suppress(OSError):
-                os.write(self.progress_fd, b"D" if self.stage == "decode" else b".")
 
     def emit(self, event: str, **data: Any) -> None:
         if event in ("progress", "loading"):
@@ -81,6 +78,14 @@ def _watch_stdin(stdin: TextIO) -> None:
     os._exit(EXIT_ORPHANED)
 
 
+class Terminated(Exception):
+    """SIGTERM from the launcher (or a service manager)."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def _beat(reporter: Reporter, every: float) -> None:
     while True:
         time.sleep(every)
@@ -101,26 +106,20 @@ def _read_job_line() -> str:
 _GUARD: list[subprocess.Popen[bytes]] = []  # kept referenced for the rank's lifetime
 
 
-def _start_guard(job: RankJob) -> int:
-    """Start cluster/rank_guard.py on our stdin; our fd 0 becomes its relay. Returns the
-    progress pipe's write end."""
+def _start_guard(job: RankJob) -> None:
+    """Start cluster/rank_guard.py on our stdin; our fd 0 becomes its relay."""
     relay_r, relay_w = os.pipe()
-    progress_r, progress_w = os.pipe()
-    argv = [str(os.getpid()), str(job.rank), str(job.stall_timeout_s), str(job.load_timeout_s)]
+    config = {"rank": job.rank, "orphan_s": job.orphan_timeout_s, "links": job.links}
     _GUARD.append(
         subprocess.Popen(
-            [sys.executable, "-m", "cluster.rank_guard", *argv, str(progress_r)],
+            [sys.executable, "-m", "cluster.rank_guard", str(os.getpid()), json.dumps(config)],
             stdin=0,
             stdout=relay_w,
-            pass_fds=(progress_r,),
         )
     )
     os.close(relay_w)
-    os.close(progress_r)
     os.dup2(relay_r, 0)
     os.close(relay_r)
-    os.set_blocking(progress_w, False)
-    return progress_w
 
 
 def run(job: RankJob, reporter: Reporter, text_out: TextIO) -> None:
@@ -177,9 +176,12 @@ def main() -> int:
     except (ValueError, TypeError) as e:
         stderr.write(event_line("error", rank=None, kind="input", message=f"bad job line: {e}"))
         return EXIT_INPUT
-    progress_fd = _start_guard(job)
+    _start_guard(job)
     stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    reporter = Reporter(stderr, job.rank, progress_fd)
+    reporter = Reporter(stderr, job.rank)
+    # SIGTERM is the launcher's "stop now": unwind like Ctrl-C (MLX and the RDMA resources are
+    # released on the way out); a rank stuck inside a collective gets SIGKILL after the grace.
+    signal.signal(signal.SIGTERM, _terminated)
     threading.Thread(target=_watch_stdin, args=(stdin,), daemon=True).start()
     threading.Thread(target=_beat, args=(reporter, max(job.heartbeat_s, 0.05)), daemon=True).start()
     reporter.enter("started", pid=os.getpid(), host=socket.gethostname())
@@ -191,6 +193,9 @@ def main() -> int:
     except KeyboardInterrupt:
         reporter.emit("error", kind="interrupted", stage=reporter.stage, message="interrupted")
         return 130
+    except Terminated:
+        reporter.emit("stopped", stage=reporter.stage, signal="SIGTERM")
+        return EXIT_TERMINATED
     except Exception as e:
         frame = traceback.extract_tb(e.__traceback__)[-1]
         where = f"{os.path.basename(frame.filename)}:{frame.lineno}"

@@ -37,6 +37,7 @@ class ServeOptions:
     max_running: int = DEFAULT_MAX_RUNNING  # sequences decoding at once (--max-concurrency)
     prefix_cache_tokens: int = DEFAULT_CACHE_TOKENS  # bound of the prefix cache, in tokens
     token_delay_s: float = 0.0  # a pause after every step, so tests can act mid-request
+    prompt_delay_s: float = 0.0  # a pause after every step that reads prompt (a slow prefill)
 
     @classmethod
     def from_job(cls, job: RankJob) -> ServeOptions:
@@ -45,6 +46,7 @@ class ServeOptions:
             max_running=max(1, int(o.get("max_running", DEFAULT_MAX_RUNNING))),
             prefix_cache_tokens=max(0, int(o.get("prefix_cache_tokens", DEFAULT_CACHE_TOKENS))),
             token_delay_s=float(o.get("token_delay_s", 0.0)),
+            prompt_delay_s=float(o.get("prompt_delay_s", 0.0)),
         )
 
 
@@ -113,6 +115,8 @@ def serve(
                 last_progress = time.monotonic()
             if options.token_delay_s:
                 time.sleep(options.token_delay_s)
+            if options.prompt_delay_s and prompt_responses:
+                time.sleep(options.prompt_delay_s)
             if scheduler is not None:
                 scheduler.stepped(
                     time.monotonic() - started, bool(responses and not prompt_responses)

@@ -242,7 +242,7 @@ def _unreachable(cluster: ClusterSpec | None) -> int:
 @placement_options
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line at the end.")
-@deadline_options(Deadlines.rank_timeout_s, "every rank is stopped")
+@deadline_options("every rank is stopped")
 @click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
 def launch(
     cluster_file: str | None,
@@ -259,11 +259,12 @@ def launch(
     ignore_chat_template: bool,
     as_json: bool,
     rank_timeout: float,
+    stall_timeout: float,
     load_timeout: float,
     job_option: tuple[str, ...],
 ) -> int:
     """Run the model across the hosts and stream the generated text."""
-    deadlines = check_deadlines(rank_timeout, load_timeout)
+    deadlines = check_deadlines(rank_timeout, load_timeout, stall_timeout)
     options = job_options(job_option)
     if sum(x is not None for x in (cluster_file, local, plan_dir)) != 1:
         raise InputError("give exactly one of CLUSTER.yaml, --local N or --plan DIR")

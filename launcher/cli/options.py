@@ -194,11 +194,15 @@ def check_local(local: int | None, backend: str | None) -> None:
         raise InputError(f"--local runs over ring on 127.0.0.1; --backend {backend} needs hosts")
 
 
-def check_deadlines(rank_timeout: float, load_timeout: float) -> Deadlines:
-    """The two deadlines (each already in TIMEOUT_S's range), in the order they apply."""
+def check_deadlines(rank_timeout: float, load_timeout: float, stall_timeout: float) -> Deadlines:
+    """The deadlines (each already in TIMEOUT_S's range), in the order they apply."""
     if load_timeout < rank_timeout:
         raise InputError("--load-timeout must be at least --rank-timeout")
-    return Deadlines(rank_timeout_s=rank_timeout, load_timeout_s=load_timeout)
+    if stall_timeout < rank_timeout:
+        raise InputError("--stall-timeout must be at least --rank-timeout")
+    return Deadlines(
+        rank_timeout_s=rank_timeout, load_timeout_s=load_timeout, stall_timeout_s=stall_timeout
+    )
 
 
 JOB_OPTION_CHARS = 10_000  # test hooks are short; a deep JSON nest would hit the recursion limit
@@ -228,8 +232,8 @@ def placement_options(f: F) -> F:
     )(f)
 
 
-def deadline_options(rank_timeout_s: float, what: str) -> Callable[[F], F]:
-    """--rank-timeout (default per command) and --load-timeout."""
+def deadline_options(what: str) -> Callable[[F], F]:
+    """--rank-timeout, --stall-timeout and --load-timeout (launcher/ranks/liveness.py)."""
 
     def add(f: F) -> F:
         f = click.option(
@@ -237,14 +241,22 @@ def deadline_options(rank_timeout_s: float, what: str) -> Callable[[F], F]:
             type=TIMEOUT_S,
             default=Deadlines.load_timeout_s,
             show_default=True,
-            help="The same allowance while weights load (reset by each loading step).",
+            help="Seconds a rank may go quiet or make no progress while the model loads.",
+        )(f)
+        f = click.option(
+            "--stall-timeout",
+            type=TIMEOUT_S,
+            default=Deadlines.stall_timeout_s,
+            show_default=True,
+            help=f"Seconds with no progress (at least; more when the job's own steps are slow) "
+            f"before {what}.",
         )(f)
         return click.option(
             "--rank-timeout",
             type=TIMEOUT_S,
-            default=rank_timeout_s,
+            default=Deadlines.rank_timeout_s,
             show_default=True,
-            help=f"Seconds a rank may go silent or make no progress before {what}.",
+            help=f"Seconds a rank, its host or one of its links may go silent before {what}.",
         )(f)
 
     return add

@@ -38,7 +38,6 @@ from launcher.serve.tickets import Tickets
 from topology.chips import GIB
 from topology.errors import InputError
 
-RANK_TIMEOUT_S = 6.0  # lower than launch's: a lost rank must fail its request within 10 s
 STOP_TIMEOUT_S = 15.0  # ranks get SIGTERM, then SIGKILL after the grace period
 CONCURRENCY = Number(int, 1, 1024, note="sequences in one batch")
 QUEUE = Number(int, 0, 1_000_000, note="0: no waiting")
@@ -115,7 +114,13 @@ def _listen(host: str, port: int, app: ServeApp) -> HttpServer:
     "headroom, at most 8.",
 )
 @placement_options
-@deadline_options(RANK_TIMEOUT_S, "serve fails over")
+@deadline_options("serve fails over")
+@click.option(
+    "--no-rejoin",
+    "no_rejoin",
+    is_flag=True,
+    help="After a failover, do not take lost hosts back when they answer again.",
+)
 @click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
 def serve_cmd(
     cluster_file: str | None,
@@ -130,12 +135,14 @@ def serve_cmd(
     strategy: str | None,
     backend: str | None,
     rank_timeout: float,
+    stall_timeout: float,
     load_timeout: float,
+    no_rejoin: bool,
     job_option: tuple[str, ...],
 ) -> int:
     """Serve the model over an OpenAI-compatible HTTP API, re-planning when a rank dies."""
     cache_bytes = None if prefix_cache_gb is None else int(prefix_cache_gb * GIB)
-    deadlines = check_deadlines(rank_timeout, load_timeout)
+    deadlines = check_deadlines(rank_timeout, load_timeout, stall_timeout)
     if api_key is not None and not api_key.strip():
         raise InputError("--api-key / MLX_CLUSTER_API_KEY is empty: give a key or leave it unset")
     options = job_options(job_option)
@@ -170,6 +177,8 @@ def serve_cmd(
         tickets.route,
         tickets.fail_all,
         metrics,
+        open_requests=lambda: len(tickets),
+        rejoin=not no_rejoin,
     )
     cluster = ServeCluster(runner, tickets)
     metrics.watch(cluster.ranks_up, lambda: len(tickets))

@@ -22,7 +22,7 @@ from launcher.ranks.supervisor import Deadlines
 from topology.errors import InputError
 from topology.planning.hostfile import missing_devices
 
-RANK_DEADLINE_MARGIN_S = 2.0
+ORPHAN_TIMEOUT_S = 10.0  # a rank with no keep-alive from the launcher this long stops itself
 
 DEFAULT_PORT = 32323  # mlx.launch's --starting-port
 LOCAL_IP = "127.0.0.1"
@@ -71,6 +71,45 @@ def _ring_files(hosts: list[dict[str, Any]], ports: Sequence[int]) -> dict[str, 
             k += 1
         per_rank.append(addrs)
     return {"MLX_HOSTFILE": json.dumps(per_rank)}
+
+
+def _ring_links(hosts: list[dict[str, Any]], ports: Sequence[int]) -> list[list[dict[str, Any]]]:
+    """Heartbeats on the ring's own connections: rank r connects to rank r+1 at each of r+1's
+    addresses, so r pings there (the route picks r's end of the cable) and r+1 answers on it.
+    `ports`: one heartbeat port per rank, bound on every one of its addresses."""
+    n = len(hosts)
+    links: list[list[dict[str, Any]]] = [[] for _ in hosts]
+    for r in range(n):
+        right = (r + 1) % n
+        if n == 2 and r == 1:
+            break  # two ranks: one neighbour each way, one connection per address
+        for ip in hosts[right]["ips"]:
+            links[r].append(
+                {"peer": right, "peer_addr": ip, "port": ports[right], "outgoing": True}
+            )
+            links[right].append({"peer": r, "addr": ip, "port": ports[right], "outgoing": False})
+    return links
+
+
+def _mesh_links(
+    hosts: list[dict[str, Any]], ports: Sequence[int], ring: bool
+) -> list[list[dict[str, Any]]]:
+    """jaccl: every pair of ranks (jaccl-ring: ring neighbours) heartbeats between the
+    addresses the hostfile gives each host; the lower rank pings."""
+    n = len(hosts)
+    pairs = (
+        {tuple(sorted((r, (r + 1) % n))) for r in range(n)}
+        if ring
+        else {(a, b) for a in range(n) for b in range(a + 1, n)}
+    )
+    links: list[list[dict[str, Any]]] = [[] for _ in hosts]
+    for a, b in sorted(pairs):
+        ip = (hosts[b].get("ips") or [""])[0]
+        if not ip:
+            continue  # no address for the pair: the launcher's deadlines still apply
+        links[a].append({"peer": b, "peer_addr": ip, "port": ports[b], "outgoing": True})
+        links[b].append({"peer": a, "addr": ip, "port": ports[b], "outgoing": False})
+    return links
 
 
 def _jaccl_setup(
@@ -131,14 +170,17 @@ def build_rank_jobs(
     backend = str(hostfile.get("backend") or "ring")
     env = _env_list([*hostfile.get("envs", []), *extra_env], "env")
     files: dict[str, str] = {}
+    links: list[list[dict[str, Any]]] = [[] for _ in hosts]
     if n > 1 and backend == "ring":
         count = sum(len(h.get("ips") or []) for h in hosts)
-        ports = free_ports(count) if port is None else range(port, port + count)
-        files = _ring_files(hosts, list(ports))
+        ports = list(free_ports(count + n) if port is None else range(port, port + count + n))
+        files = _ring_files(hosts, ports[:count])
+        links = _ring_links(hosts, ports[count:])
     elif n > 1 and backend in ("jaccl", "jaccl-ring"):
-        coordinator_port = free_ports(1)[0] if port is None else port
-        more_env, files = _jaccl_setup(hosts, backend == "jaccl-ring", coordinator_port)
+        ports = free_ports(1 + n) if port is None else list(range(port, port + 1 + n))
+        more_env, files = _jaccl_setup(hosts, backend == "jaccl-ring", ports[0])
         env.update(more_env)
+        links = _mesh_links(hosts, ports[1:], ring=backend == "jaccl-ring")
     elif n > 1:
         raise InputError(f"hostfile: backend must be ring, jaccl or jaccl-ring, got {backend!r}")
     if layer_split is not None and (len(layer_split) != n or min(layer_split) < 1):
@@ -162,10 +204,10 @@ def build_rank_jobs(
             env={**env, "MLX_RANK": str(rank)},
             files=dict(files),
             heartbeat_s=min(1.0, deadlines.rank_timeout_s / 5),
-            # The rank stops itself a little after the launcher would have: when the launcher
-            # is alive its message wins; when it is cut off, the rank still goes.
-            stall_timeout_s=deadlines.rank_timeout_s + RANK_DEADLINE_MARGIN_S,
-            load_timeout_s=deadlines.load_timeout_s + RANK_DEADLINE_MARGIN_S,
+            # Later than the launcher's own silence deadline: when the launcher is alive its
+            # message wins; when it is cut off, the rank still goes.
+            orphan_timeout_s=max(ORPHAN_TIMEOUT_S, 2 * deadlines.rank_timeout_s),
+            links=links[rank],
         )
         for rank in range(n)
     ]

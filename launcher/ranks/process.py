@@ -59,6 +59,7 @@ class RankProcess:
         self.stage = "starting"  # what the rank last said it was doing (init, load, decode...)
         self.returncode: int | None = None
         self._reports = reports
+        self._send_lock = threading.Lock()
         self._proc = subprocess.Popen(
             list(launch.argv),
             stdin=subprocess.PIPE,
@@ -134,15 +135,31 @@ class RankProcess:
             t.join(max(0.0, end - time.monotonic()))
 
     def send_line(self, line: str) -> bool:
-        """One more line on the rank's stdin (serve's requests); False when the rank is gone."""
+        """One more line on the rank's stdin (serve's requests, the supervisor's keep-alives:
+        one writer at a time, so lines never interleave); False when the rank is gone."""
         stdin = self._proc.stdin
         try:
             assert stdin is not None
-            stdin.write(line.encode())
-            stdin.flush()
+            with self._send_lock:
+                stdin.write(line.encode())
+                stdin.flush()
         except (OSError, ValueError):  # broken pipe, or closed by stop_all
             return False
         return True
+
+    def keep_alive(self) -> None:
+        """An empty line for the rank's guard (cluster/rank_guard.py drops it), unless a line
+        is being written right now: that is a sign of life too."""
+        if not self._send_lock.acquire(blocking=False):
+            return
+        try:
+            if self._proc.stdin is not None:
+                self._proc.stdin.write(b"\n")
+                self._proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._send_lock.release()
 
     def close_stdin(self) -> None:
         with contextlib.suppress(OSError):
@@ -162,17 +179,22 @@ class RankProcess:
         return True
 
 
-def stop_all(ranks: list[RankProcess], grace_s: float) -> None:
-    """Stop every rank: stdin closed, SIGTERM (+ SIGCONT for a stopped one), SIGKILL after grace."""
+def stop_all(ranks: list[RankProcess], grace_s: float) -> list[RankProcess]:
+    """Stop every rank: SIGTERM (+ SIGCONT for a stopped one) so it can release MLX and its
+    RDMA resources on the way out, SIGKILL for those still running after the grace, then stdin
+    closed. Returns the ranks that needed SIGKILL."""
     for r in ranks:
-        r.close_stdin()
         if r.running:
             r.signal_group(signal.SIGTERM)
             r.signal_group(signal.SIGCONT)
     end = time.monotonic() + grace_s
+    killed = []
     for r in ranks:
         if not r.wait(end - time.monotonic()):
+            killed.append(r)
             r.signal_group(signal.SIGKILL)
     for r in ranks:
+        r.close_stdin()
         r.wait(2.0)
         r.signal_group(signal.SIGKILL)  # anything left in the group (children of the rank)
+    return killed

@@ -1,10 +1,9 @@
 """Run every rank of one job to the end, or stop them all together.
 
-Any rank exiting non-zero, going silent (SIGSTOP, hung) or the whole job making no progress
-(a collective whose peer vanished: jaccl never notices) stops every rank, as does Ctrl-C.
-The deadlines live here, outside the collectives: a rank that stops sending events for
-`rank_timeout_s` is hung; while weights load the allowance is `load_timeout_s`, reset by
-every loading progress event.
+Any rank exiting non-zero, its host or one of its links going quiet, the rank itself going
+quiet (SIGSTOP, hung) or the job making no progress at its own pace (launcher/ranks/liveness.py)
+stops every rank, as does Ctrl-C: SIGTERM first, SIGKILL for those still there after the grace.
+Every rank gets an empty line each second: its guard stops the rank when they stop coming.
 """
 
 from __future__ import annotations
@@ -15,25 +14,21 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from launcher.hosts.probe import SSH_EXIT
+from launcher.ranks.liveness import Deadlines, Liveness, overdue
 from launcher.ranks.process import RankLaunch, RankProcess, Report, stop_all
+
+__all__ = ["Deadlines", "Failure", "Outcome", "supervise"]
+DEFAULT_DEADLINES = Deadlines()
+KEEPALIVE_S = 1.0  # an empty line to every rank this often: its guard's sign that we are here
 
 EXIT_OK = 0
 EXIT_RANK_FAILED = 1
 EXIT_BAD_INPUT = 2  # a rank found the model or job unusable (missing model, shapes)
 EXIT_INTERRUPTED = 130
-
-QUIET_EVENTS = ("heartbeat", "started")  # signs of life, not of progress
-
-
-@dataclass(frozen=True)
-class Deadlines:
-    rank_timeout_s: float = 30.0  # silence or no progress while decoding
-    load_timeout_s: float = 300.0  # silence or no progress before the first token
-    grace_s: float = 2.0  # SIGTERM → SIGKILL
 
 
 @dataclass(frozen=True)
@@ -42,9 +37,12 @@ class Failure:
     host: str
     reason: str
     stderr_tail: tuple[str, ...] = ()
+    killed: tuple[str, ...] = ()  # ranks that ignored SIGTERM for the grace: "rank 1 on h1"
 
     def message(self) -> str:
         head = f"rank {self.rank} on {self.host} {self.reason}; every rank was stopped"
+        if self.killed:
+            head += f" ({', '.join(self.killed)} only by SIGKILL, after the SIGTERM grace)"
         if not self.stderr_tail:
             return head
         return (
@@ -62,46 +60,6 @@ class Outcome:
 
 TextSink = Callable[[str], None]
 EventSink = Callable[[int, dict[str, Any]], None]
-
-
-@dataclass
-class _Clock:
-    """When each rank was last heard from and when the job last moved forward."""
-
-    last_sign: list[float]
-    loading: list[bool]
-    last_progress: float
-    decoding: bool = False
-
-    def heard(self, rank: int, event: dict[str, Any] | None, now: float) -> None:
-        self.last_sign[rank] = now
-        name = event.get("event") if event is not None else "text"
-        if name in QUIET_EVENTS:
-            return
-        self.last_progress = now
-        if name in ("loaded", "decode", "ready"):  # the stage cluster.rank enters once loaded
-            self.loading[rank] = False
-        ev = event or {}
-        if name in ("text", "result") or (name == "progress" and ev.get("stage") == "decode"):
-            self.decoding = True
-            self.loading = [False] * len(self.loading)
-
-
-def _allowance(d: Deadlines, loading: bool) -> float:
-    return d.load_timeout_s if loading else d.rank_timeout_s
-
-
-def _overdue(clock: _Clock, d: Deadlines, alive: list[int], now: float) -> tuple[int, str] | None:
-    """The rank to blame and why, when a deadline has passed."""
-    for r in alive:
-        silent = now - clock.last_sign[r]
-        if silent > _allowance(d, clock.loading[r]):
-            return r, f"sent nothing for {silent:.1f} s (stopped or hung)"
-    stalled = now - clock.last_progress
-    if alive and stalled > _allowance(d, not clock.decoding):
-        quietest = min(alive, key=lambda r: clock.last_sign[r])
-        return quietest, f"made no progress for {stalled:.1f} s (stuck in a collective?)"
-    return None
 
 
 @contextlib.contextmanager
@@ -126,7 +84,7 @@ def supervise(
     launches: list[RankLaunch],
     on_text: TextSink,
     on_event: EventSink | None = None,
-    deadlines: Deadlines = Deadlines(),
+    deadlines: Deadlines = DEFAULT_DEADLINES,
     on_started: Callable[[list[RankProcess]], None] | None = None,
     stop: threading.Event | None = None,
 ) -> Outcome:
@@ -135,15 +93,31 @@ def supervise(
     the job as Ctrl-C would (for callers off the main thread, where signals cannot reach)."""
     reports: queue.Queue[Report] = queue.Queue()
     ranks: list[RankProcess] = []
+    beating = threading.Event()
     with interrupt_flag(stop) as interrupted:
         try:
             for launch in launches:
                 ranks.append(RankProcess(launch, reports))
             if on_started is not None:
                 on_started(ranks)
-            return _watch(ranks, reports, on_text, on_event, deadlines, interrupted)
+            threading.Thread(target=_keep_alive, args=(ranks, beating), daemon=True).start()
+            outcome = _watch(ranks, reports, on_text, on_event, deadlines, interrupted)
         finally:
-            stop_all(ranks, deadlines.grace_s)
+            beating.set()
+            killed = stop_all(ranks, deadlines.grace_s)
+    if outcome.failure is not None and killed:
+        names = tuple(f"rank {r.launch.rank} on {r.launch.host}" for r in killed)
+        outcome = replace(outcome, failure=replace(outcome.failure, killed=names))
+    return outcome
+
+
+def _keep_alive(ranks: list[RankProcess], done: threading.Event) -> None:
+    """Keep-alives from their own thread: a write that blocks (a host cut off with its pipe
+    full) must never hold up the deadlines."""
+    while not done.wait(KEEPALIVE_S):
+        for r in ranks:
+            if r.running:
+                r.keep_alive()
 
 
 class _Watch:
@@ -154,7 +128,8 @@ class _Watch:
     ) -> None:
         now = time.monotonic()
         self.ranks = ranks
-        self.clock = _Clock([now] * len(ranks), [True] * len(ranks), now)
+        self.clock = Liveness.start(len(ranks), now)
+        self.hosts = [r.launch.host for r in ranks]
         self.result: dict[str, Any] | None = None
         self.exited: set[int] = set()
         self._on_text = on_text
@@ -211,7 +186,7 @@ def _watch(
         elif rep is not None:
             w.take(rep, now)
         alive = [i for i in range(len(ranks)) if i not in w.exited]
-        late = _overdue(w.clock, d, alive, now)
+        late = overdue(w.clock, d, alive, w.hosts, now)
         if late is not None:
             return Outcome(EXIT_RANK_FAILED, w.result, _failure(ranks[late[0]], late[1]))
     w.finish(reports)

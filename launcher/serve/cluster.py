@@ -18,6 +18,7 @@ from launcher.serve.openai_api import GenerateRequest, new_id
 from launcher.serve.runner import RankRunner
 from launcher.serve.tickets import Event, Ticket, Tickets, Unavailable
 
+REJOIN_WAIT_S = 120.0  # a request arriving while the ranks grow waits at most this long
 SILENT_RANK_S = 3.0  # /health: a rank heard from longer ago than this is not "answering"
 
 
@@ -38,6 +39,10 @@ class ServeCluster:
         when it cannot be taken. Blocking (a pipe write): the HTTP side calls it off its loop."""
         runner = self.runner
         with runner.changed:
+            # A host came back: new requests wait (bounded) while the running ones finish and
+            # the ranks restart on the larger plan.
+            if runner.rejoining:
+                runner.changed.wait_for(lambda: not runner.rejoining, REJOIN_WAIT_S)
             rank0 = runner.rank0
             if runner.status != "ready" or rank0 is None:
                 raise Unavailable(runner.reason)
@@ -65,8 +70,10 @@ class ServeCluster:
             rank0.send_line(line)
 
     def quiet_s(self) -> float:
-        """How long a begun request may hear nothing: past the supervisor's own deadline."""
-        return self.deadlines.rank_timeout_s + self.deadlines.grace_s + 5.0
+        """How long a begun request may hear nothing: only a backstop, well past the
+        supervisor's deadlines (which learn the job's pace and fail every request at once)."""
+        d = self.deadlines
+        return 2 * max(d.load_timeout_s, d.stall_timeout_s) + d.grace_s
 
     async def next_event(self, ticket: Ticket) -> Event:
         """The ticket's next event (a `failed` one after the silence bound)."""

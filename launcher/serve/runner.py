@@ -28,12 +28,14 @@ from launcher.ranks.supervisor import (
 from launcher.ranks.target import LaunchTarget, PlanRefused, rank_launches
 from launcher.serve.failover import ServeSource, describe
 from launcher.serve.metrics import ServeMetrics
+from launcher.serve.rejoin import DRAIN_S, Rejoin, check_intervals, lost_hosts, returned
 from launcher.serve.tickets import Event
 from topology.errors import InputError
 from topology.model.spec import ModelSpec
 from topology.planning.serving import prefix_cache_budget
 
 Log = Callable[[str], None]
+GUARD_EVENTS = ("guard", "link_down")  # from a rank's guard process: not the rank answering
 MAX_BACKOFF_S = 30.0  # restarts on the same hosts wait 1, 2, 4 … s, then this long each time
 
 
@@ -55,9 +57,10 @@ class ServeLimits:
 class _Change:
     """A failure being recovered from, for the "serving again" log line."""
 
-    what: str  # "rank 1 (local1) died"
+    what: str  # "rank 1 (local1) died", "h2 is back"
     before: str  # "tensor ×2"
     since: float
+    back: bool = False  # a host came back: the plan grows
 
 
 class RankRunner:
@@ -74,12 +77,20 @@ class RankRunner:
         on_event: Callable[[Event], None],
         on_down: Callable[[str], None],
         metrics: ServeMetrics,
+        open_requests: Callable[[], int] = lambda: 0,
+        rejoin: bool = True,
     ) -> None:
         self.source, self.model, self.deadlines = source, model, deadlines
         self.limits, self.options, self.log = limits, options, log  # options: --job-option
         self._route, self._fail_open = on_event, on_down
         self.metrics = metrics
+        self.full_source = source  # every host serve was given: lost ones may come back
+        self._open_requests, self._rejoin_enabled = open_requests, rejoin
         self.stop_flag = threading.Event()
+        self._job_stop = threading.Event()  # ends the current job only (a switch to more hosts)
+        self.rejoining = False  # a larger plan waits for the running requests: new ones wait
+        self._rejoin: Rejoin | None = None
+        self._watching = False
         self.changed = threading.Condition()  # status changes: launcher/cli/serve.py waits on these
         self.status = "starting"  # starting | ready | restarting | failed | down | stopped
         self.reason = "the ranks are loading the model"
@@ -99,6 +110,7 @@ class RankRunner:
 
     def stop(self, timeout_s: float) -> None:
         self.stop_flag.set()
+        self._job_stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
@@ -116,6 +128,15 @@ class RankRunner:
     def _loop(self, target: LaunchTarget) -> None:
         while True:
             outcome = self._serve(target)
+            rejoin, self._rejoin = self._rejoin, None
+            if rejoin is not None and not self.stop_flag.is_set():
+                self._change = _Change(
+                    f"{', '.join(rejoin.back)} is back", describe(target), time.monotonic(), True
+                )
+                self.source, target = rejoin.source, rejoin.target
+                self.log(f"new plan: {describe(target)} ({target.plan.reason}); starting the ranks")
+                self._set_status("restarting", f"growing to {describe(target)}", fail_open=True)
+                continue
             reason = outcome.failure.message().splitlines()[0] if outcome.failure else "stopped"
             ever_ready = self._ready_count > 0
             self._set_status("down" if ever_ready else "failed", reason, fail_open=True)
@@ -141,6 +162,57 @@ class RankRunner:
             target = next_target
             self.log(f"new plan: {describe(target)} ({target.plan.reason}); starting the ranks")
             self._set_status("restarting", f"restarting as {describe(target)} after: {reason}")
+            self._watch_lost_hosts()
+
+    def _watch_lost_hosts(self) -> None:
+        """One thread at a time asks the lost hosts, with back-off, until one is back."""
+        if not self._rejoin_enabled or self._watching:
+            return
+        if not lost_hosts(self.full_source, self.source):
+            return
+        self._watching = True
+        threading.Thread(target=self._await_return, daemon=True, name="rejoin").start()
+
+    def _await_return(self) -> None:
+        try:
+            for wait_s in check_intervals():
+                if self.stop_flag.wait(wait_s) or not lost_hosts(self.full_source, self.source):
+                    return
+                with self.changed:
+                    ready, target, source = self.status == "ready", self.target, self.source
+                if not ready or target is None:
+                    continue
+                found = returned(self.full_source, source, len(target.plan.ranks))
+                if found is not None and self._switch_when_drained(found):
+                    return
+        finally:
+            self._watching = False
+
+    def _switch_when_drained(self, found: Rejoin) -> bool:
+        """Hold new requests, let the running ones finish (bounded), then end the job: the loop
+        starts the larger plan. False when the cluster failed meanwhile."""
+        self.log(
+            f"{', '.join(found.back)} answers again; growing to {describe(found.target)} once "
+            "the running requests are done"
+        )
+        with self.changed:
+            self.rejoining = True
+        end = time.monotonic() + DRAIN_S
+        while self._open_requests() and time.monotonic() < end:
+            with self.changed:
+                if self.status != "ready" or self.stop_flag.is_set():
+                    self.rejoining = False
+                    self.changed.notify_all()
+                    return False
+            time.sleep(0.1)
+        with self.changed:
+            if self.status != "ready":
+                self.rejoining = False
+                self.changed.notify_all()
+                return False
+            self._rejoin = found
+        self._job_stop.set()
+        return True
 
     def _next_target(self, lost: list[str], reason: str) -> LaunchTarget | None:
         """The plan to restart on: the hosts that remain, or, when none would (the last host,
@@ -186,13 +258,15 @@ class RankRunner:
             self.target = target
             self.heard = [time.monotonic()] * len(jobs)
             self._pids = {}
+            if not self.stop_flag.is_set():
+                self._job_stop.clear()
         return supervise(
             rank_launches(target, jobs),
             on_text=lambda _text: None,  # serve ranks write nothing on stdout
             on_event=self._on_event,
             deadlines=self.deadlines,
             on_started=self._on_started,
-            stop=self.stop_flag,
+            stop=self._job_stop,
         )
 
     def _on_started(self, ranks: list[RankProcess]) -> None:
@@ -204,7 +278,7 @@ class RankRunner:
         # Rank 0 sends one step's request events as one `batch` line (one write, one parse).
         events = event.get("events") or [] if name == "batch" else [event]
         with self.changed:
-            if rank < len(self.heard):
+            if rank < len(self.heard) and name not in GUARD_EVENTS:  # the rank's own voice
                 self.heard[rank] = time.monotonic()
             if name == "started" and isinstance(event.get("pid"), int):
                 self._pids[rank] = event["pid"]
@@ -223,18 +297,25 @@ class RankRunner:
         now = describe(self.target)
         self._ready_count += 1
         self._restarts = 0
+        with self.changed:
+            self.rejoining = False
         self._set_status("ready", f"serving as {now}")
-        if self._change is not None:
-            took = time.monotonic() - self._change.since
-            self.log(
-                f"{self._change.what}; re-planned {self._change.before} → {now} "
-                f"in {took:.1f} s; serving again"
-            )
-            self._change = None
+        change, self._change = self._change, None
+        if change is not None:
+            took = time.monotonic() - change.since
+            if change.back:
+                self.log(f"{change.what}: {change.before} → {now} in {took:.1f} s")
+            else:
+                self.log(
+                    f"{change.what}; re-planned {change.before} → {now} in {took:.1f} s; "
+                    "serving again"
+                )
 
     def _set_status(self, status: str, reason: str, fail_open: bool = False) -> None:
         with self.changed:
             self.status, self.reason = status, reason
+            if status not in ("ready", "restarting"):  # the switch to more hosts failed
+                self.rejoining = False
             if status != "ready":
                 self.rank0 = None
                 self.metrics.ranks_down()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -146,12 +147,14 @@ def test_remote_rank_killed_mid_decode_stops_every_rank_within_5s(
     assert "rank 1 on h1 exited with code 255 (ssh: the remote rank was killed" in run.stderr()
 
 
-def test_link_cut_mid_decode_stops_launcher_within_10s_and_ranks_within_20s(
+def test_link_cut_mid_decode_stops_launcher_within_10s_naming_both_ends(
     make_hosts: MakeHosts, models: dict[str, Path], tmp_path: Path
 ) -> None:
+    # Default flags. Both hosts still reach the launcher over the lan: only the heartbeats
+    # across the cable can tell.
     hosts = make_hosts(3, topology="mesh")
     cluster = hosts.cluster_yaml(tmp_path / "cluster.yaml", host_keys=LINUX, backend="ring")
-    run = _decoding(hosts, cluster, models["x3"], "--rank-timeout", "4")
+    run = _decoding(hosts, cluster, models["x3"])
     try:
         wait_for_ranks(hosts, [0, 1, 2], 10)
         cut_at = time.monotonic()
@@ -162,17 +165,20 @@ def test_link_cut_mid_decode_stops_launcher_within_10s_and_ranks_within_20s(
     finally:
         run.kill()
     assert code != 0
-    assert "no progress" in run.stderr() or "sent nothing" in run.stderr(), run.stderr()
+    err = run.stderr()
+    assert "lost its link to rank" in err, err
+    ends = re.search(r"rank \d on (h\d) lost its link to rank \d on (h\d)", err)
+    assert ends is not None and sorted(ends.groups()) == ["h1", "h2"], err
 
 
 def test_host_unplugged_mid_decode_exits_by_itself(
     make_hosts: MakeHosts, models: dict[str, Path], tmp_path: Path
 ) -> None:
     # h2 vanishes from the lan: ssh and ring traffic both dead, so no stdin EOF ever reaches its
-    # rank; it must notice the stall itself and exit, or it holds the model's memory forever.
+    # rank; it must notice the launcher is gone itself and exit, or it holds the model's memory.
     hosts = make_hosts(3, topology="switch")
     cluster = hosts.cluster_yaml(tmp_path / "cluster.yaml", host_keys=LINUX, backend="ring")
-    run = _decoding(hosts, cluster, models["x3"], "--rank-timeout", "4")
+    run = _decoding(hosts, cluster, models["x3"])
     try:
         wait_for_ranks(hosts, [0, 1, 2], 10)
         cut_at = time.monotonic()
@@ -182,6 +188,45 @@ def test_host_unplugged_mid_decode_exits_by_itself(
         wait_until_empty(hosts, 20, cut_at, ranks_only_on=[2])
     finally:
         run.kill()
+    assert "rank 2 on h2 stopped answering" in run.stderr(), run.stderr()
+
+
+def test_management_link_cut_names_the_host_and_its_rank_stops_itself(
+    make_hosts: MakeHosts, models: dict[str, Path], tmp_path: Path
+) -> None:
+    # Mesh: h2 loses its lan (ssh, the launcher) but keeps its cables to h0 and h1.
+    hosts = make_hosts(3, topology="mesh")
+    cluster = hosts.cluster_yaml(tmp_path / "cluster.yaml", host_keys=LINUX, backend="ring")
+    run = _decoding(hosts, cluster, models["x3"])
+    try:
+        wait_for_ranks(hosts, [0, 1, 2], 10)
+        cut_at = time.monotonic()
+        hosts.set_port(2, up=False)
+        assert run.wait(30) != 0
+        assert time.monotonic() - cut_at < 10, run.stderr()
+        wait_until_empty(hosts, 20, cut_at, ranks_only_on=[2])
+    finally:
+        run.kill()
+    assert "rank 2 on h2 stopped answering" in run.stderr(), run.stderr()
+
+
+def test_remote_rank_stopped_mid_decode_stops_every_rank_within_10s(
+    make_hosts: MakeHosts, models: dict[str, Path], tmp_path: Path
+) -> None:
+    hosts = make_hosts(3, topology="switch")
+    cluster = hosts.cluster_yaml(tmp_path / "cluster.yaml", host_keys=LINUX, backend="ring")
+    run = _decoding(hosts, cluster, models["x3"])
+    try:
+        pids = wait_for_ranks(hosts, [0, 1, 2], 10)
+        stopped_at = time.monotonic()
+        os.kill(pids[2], signal.SIGSTOP)
+        assert run.wait(30) != 0
+        assert time.monotonic() - stopped_at < 10, run.stderr()
+        wait_until_empty(hosts, 20, stopped_at)
+    finally:
+        run.kill()
+    err = run.stderr()
+    assert "rank 2 on h2 sent nothing for" in err and "while its host still answers" in err, err
 
 
 def test_unreachable_hosts_are_refused_before_any_rank_starts(

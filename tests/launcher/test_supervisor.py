@@ -53,9 +53,10 @@ def test_rank_error_stops_every_rank_and_is_named(tiny_model: Path) -> None:
         assert run.leftover_ranks() == {}
 
 
-def test_stopped_rank_is_caught_by_the_heartbeat_deadline(tiny_model: Path) -> None:
-    timeout = 2.0
-    with launched(*slow_launch_args(tiny_model, "--rank-timeout", str(timeout))) as run:
+def test_stopped_rank_is_caught_by_the_heartbeat_deadline_with_default_flags(
+    tiny_model: Path,
+) -> None:
+    with launched(*slow_launch_args(tiny_model)) as run:
         run.wait_for_text()
         pids = run.ranks(2)
         os.kill(pids[1], signal.SIGSTOP)  # rank 0 now waits in a collective forever
@@ -63,17 +64,16 @@ def test_stopped_rank_is_caught_by_the_heartbeat_deadline(tiny_model: Path) -> N
         code = run.wait()
         elapsed = time.monotonic() - stopped_at
         assert code == 1, run.stderr
-        # Not before the deadline (nothing else would have stopped it), and soon after it.
-        assert timeout * 0.5 < elapsed < timeout + STOP_WITHIN_S + SLACK_S, f"took {elapsed:.1f} s"
-        assert "rank 1 on localhost" in run.stderr
-        assert "stopped or hung" in run.stderr or "no progress" in run.stderr
+        # Not before the 5 s silence deadline (nothing else would have stopped it), within 10 s.
+        assert 4.0 < elapsed < 10.0, f"took {elapsed:.1f} s"
+        assert "rank 1 on localhost sent nothing for" in run.stderr
+        assert "while its host still answers (stopped or hung)" in run.stderr
         assert run.leftover_ranks() == {}
 
 
 def test_no_progress_with_live_heartbeats_is_caught(tiny_model: Path) -> None:
     """Like a jaccl collective whose peer vanished: alive, heartbeating, but no token comes."""
-    timeout = 2.0
-    args = slow_launch_args(tiny_model, "--rank-timeout", str(timeout))
+    args = slow_launch_args(tiny_model, "--stall-timeout", "5")
     args[args.index("token_delay_s=0.1")] = "token_delay_s=60"  # every rank sleeps per token
     started = time.monotonic()
     with launched(*args) as run:
@@ -81,7 +81,7 @@ def test_no_progress_with_live_heartbeats_is_caught(tiny_model: Path) -> None:
         elapsed = time.monotonic() - started
         assert code == 1, run.stderr
         # Loading takes a few seconds; without the deadline the first sleep alone lasts 60 s.
-        assert elapsed < 30, f"took {elapsed:.1f} s"
+        assert elapsed < 40, f"took {elapsed:.1f} s"
         assert "made no progress for" in run.stderr
         assert run.leftover_ranks() == {}
 
