@@ -96,8 +96,14 @@ class Links:
                 key = (link.addr, link.port)
                 if key not in self.listening:
                     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    s.bind(key)
+                    try:
+                        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                        s.bind(key)
+                    except OSError as e:  # the port is taken: this link goes unwatched
+                        s.close()
+                        _say("link_unwatched", rank=rank, peer=link.peer, addr=link.addr,
+                             port=link.port, message=str(e))  # fmt: skip
+                        continue
                     s.setblocking(False)
                     self.listening[key] = s
                 link.sock = self.listening[key]

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-QUIET_EVENTS = ("heartbeat", "started", "guard", "link_down")  # signs of life, not of progress
+# Signs of life, not of progress.
+QUIET_EVENTS = ("heartbeat", "started", "guard", "link_down", "link_unwatched")
 STALL_FACTOR = 4.0  # progress may pause this many times the longest pause seen so far
 LINK_CONFIRM_S = 1.0  # a reported link must stay down this long while both hosts still answer
 HOST_ANSWERS_S = 2.0  # "still answers": its guard was heard this recently (it says so every 1 s)

@@ -35,7 +35,8 @@ from topology.model.spec import ModelSpec
 from topology.planning.serving import prefix_cache_budget
 
 Log = Callable[[str], None]
-GUARD_EVENTS = ("guard", "link_down")  # from a rank's guard process: not the rank answering
+# From a rank's guard process: not the rank itself answering.
+GUARD_EVENTS = ("guard", "link_down", "link_unwatched")
 MAX_BACKOFF_S = 30.0  # restarts on the same hosts wait 1, 2, 4 … s, then this long each time
 
 
