@@ -45,8 +45,18 @@ def _start(hosts: EmulatedHosts, tmp_path: Path, model: Path) -> list[str]:
             "--job-option", "token_delay_s=0.1"]  # fmt: skip
 
 
-def _request_dies_then_pipeline_serves(s: Server, fault: object, model: Path) -> None:
-    """Start a long request, apply the fault, check the failure and the recovery."""
+@pytest.fixture
+def mesh(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmulatedHosts]:
+    """Macs as they are cabled: ssh and the launcher on the lan, ranks on /30 cables."""
+    require()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with EmulatedHosts(3, topology="mesh") as built:
+        yield built
+
+
+def _fails_over(s: Server, fault: object) -> None:
+    """A long request in flight when the fault strikes ends with an error within 10 s, and
+    serving resumes on what remains."""
     s.wait_ready(LOAD_TIMEOUT_S)
     assert s.wait_health(True, 10)["ranks"] == 3
     stream = StreamInBackground(s.client(), max_tokens=2000)
@@ -57,7 +67,13 @@ def _request_dies_then_pipeline_serves(s: Server, fault: object, model: Path) ->
     stream.thread.join(FAIL_WITHIN_S + 5)
     assert not stream.thread.is_alive(), "the request in flight never ended"
     assert stream.error is not None and stream.ended_at - faulted_at < FAIL_WITHIN_S, s.stderr
-    body = s.wait_health(True, RECOVER_WITHIN_S, every_s=0.5)
+    assert s.wait_health(True, RECOVER_WITHIN_S, every_s=0.5)["ranks"] == 2
+
+
+def _request_dies_then_pipeline_serves(s: Server, fault: object, model: Path) -> None:
+    """Start a long request, apply the fault, check the failure and the recovery."""
+    _fails_over(s, fault)
+    body = s.health()[1]
     assert (body["strategy"], body["ranks"]) == ("pipeline", 2), body
     out = s.client().chat.completions.create(
         model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=16, temperature=0
@@ -93,31 +109,6 @@ def test_host_unplugged_mid_request_fails_over_to_the_hosts_left(
     while session_pids(hosts, 0) or session_pids(hosts, 1):
         assert time.monotonic() < end, "ranks left on h0/h1"
         time.sleep(0.1)
-
-
-@pytest.fixture
-def mesh(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmulatedHosts]:
-    """Macs as they are cabled: ssh and the launcher on the lan, ranks on /30 cables."""
-    require()
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with EmulatedHosts(3, topology="mesh") as built:
-        yield built
-
-
-def _fails_over(s: Server, fault: object) -> None:
-    """A long request in flight when the fault strikes ends with an error within 10 s, and
-    serving resumes on what remains."""
-    s.wait_ready(LOAD_TIMEOUT_S)
-    assert s.wait_health(True, 10)["ranks"] == 3
-    stream = StreamInBackground(s.client(), max_tokens=2000)
-    assert stream.started.wait(60), s.stderr
-    assert callable(fault)
-    fault()
-    faulted_at = time.monotonic()
-    stream.thread.join(FAIL_WITHIN_S + 5)
-    assert not stream.thread.is_alive(), "the request in flight never ended"
-    assert stream.error is not None and stream.ended_at - faulted_at < FAIL_WITHIN_S, s.stderr
-    assert s.wait_health(True, RECOVER_WITHIN_S, every_s=0.5)["ranks"] == 2
 
 
 def test_remote_rank_stopped_fails_over_within_10s(
