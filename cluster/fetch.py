@@ -150,8 +150,11 @@ def _listing(repo: str, commit: str) -> dict[str, int] | None:
         return None
 
 
-def fetch_metadata(repo: str, progress: DownloadProgress | None = None) -> HubSnapshot:
-    """The snapshot holding `repo`'s config, tokenizer and index files, downloaded if needed."""
+def fetch_metadata(
+    repo: str, progress: DownloadProgress | None = None, online: bool = True
+) -> HubSnapshot:
+    """The snapshot holding `repo`'s config, tokenizer and index files, downloaded if needed
+    (online=False: from the cache only, as `--no-hub` asks)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
     from huggingface_hub.utils import disable_progress_bars
@@ -170,6 +173,12 @@ def fetch_metadata(repo: str, progress: DownloadProgress | None = None) -> HubSn
     if cached is not None and (sizes := _listing(repo, cached.name)) is not None:
         return HubSnapshot(repo, cached, sizes)  # complete, as far as the cached listing says
     # Without a listing, a snapshot may hold only what the launcher read (config.json).
+    if not online:
+        if cached is not None:
+            return HubSnapshot(repo, cached, None)
+        raise InputError(
+            f"{repo} is not in this host's Hugging Face cache and --no-hub forbids downloading it"
+        )
     if not hub_reachable():
         if cached is not None:  # e.g. cached by an older huggingface_hub: use what is there
             return HubSnapshot(repo, cached, None)

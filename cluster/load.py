@@ -5,8 +5,9 @@ accepts KV heads that do not divide the rank count and only fails at the first f
 The weights come from a private "view" directory of symlinks to config/tokenizer files and
 this rank's safetensors files, so mlx-lm's loader (which globs model*.safetensors) sees
 exactly those; each layer is then materialised in turn so loading can report progress.
-A Hugging Face repo id is fetched as mlx-lm's sharded_load does (cluster/fetch.py): metadata
-first, then only this rank's safetensors files, from the local cache when they are there.
+Files are found as mlx-lm's sharded_load does, metadata first, then only this rank's
+safetensors files: on this host, from the launching host, or from the Hub
+(cluster/model_files.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import _get_classes, load_config, load_model, load_tokenizer
 
-from cluster.fetch import DownloadProgress, HubSnapshot, fetch_files, fetch_metadata
+from cluster.fetch import DownloadProgress
+from cluster.job import RankJob
+from cluster.model_files import MissingFiles, ModelFiles, PeerShare
+from cluster.peer_fetch import FetchReport
 from cluster.pipeline_stage import PipelineStage, check_generic, layer_range
 from topology.errors import InputError
 from topology.untrusted import load_json, show
@@ -41,22 +45,7 @@ class Shard:
     config: dict[str, Any]
     layers: tuple[int, int]  # this rank's [start, end) in mlx-lm's numbering
     files: tuple[str, ...]  # the safetensors files it read
-
-
-def resolve_model(
-    model: str, progress: DownloadProgress | None = None
-) -> tuple[Path, HubSnapshot | None]:
-    """A local model directory, or a Hugging Face repo id whose metadata (not its weights)
-    is then in the local cache: its snapshot folder and what the cache knows of the repo."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise InputError(f"{path} has no config.json: point --model at an MLX model folder")
-        return path, None
-    if path.exists() or model.count("/") != 1 or model.startswith((".", "/", "~")):
-        raise InputError(f"model {model!r} not found: give a model folder or a Hugging Face id")
-    snap = fetch_metadata(model, progress)
-    return snap.path, snap
+    fetched: FetchReport  # what came over the network from a peer (all zero: nothing)
 
 
 def check_shapes(
@@ -166,45 +155,67 @@ def load_shard(
     split: Sequence[int] | None = None,
     progress: Progress | None = None,
     download_progress: DownloadProgress | None = None,
+    share: PeerShare | None = None,
+    hub: bool = True,
 ) -> Shard:
-    path, hub = resolve_model(model, download_progress)
-    config = load_config(path)
-    arch = _architecture(config, path)
-    check_shapes(arch, strategy, size, split)
-    try:
-        model_class, _ = _get_classes(config)
-    except ValueError as e:  # "Model type X not supported."
-        raise InputError(f"{path}: {e} (by the installed mlx-lm)") from None
-    num_layers = int(arch["num_hidden_layers"])
-    pipeline = size > 1 and strategy == "pipeline"
-    if size > 1 and strategy == "tensor" and not hasattr(model_class, "shard"):
-        raise InputError(
-            f"mlx-lm has no tensor parallel for {config['model_type']}: use --strategy pipeline"
-        )
-    local = layer_range(num_layers, rank, size, split) if pipeline else range(num_layers)
-    weights = None if hub is None else hub.weight_files()
-    files = local_files(path, local if pipeline else None, weights)
-    if hub is not None:
-        fetch_files(hub, files, download_progress)
-    missing = [f for f in files if not (path / f).is_file()]
-    if missing or not files:
-        what = ", ".join(missing) if missing else "any model*.safetensors"
-        raise InputError(
-            f"{path} lacks {what} (rank {rank}, layers {local.start}-{local.stop - 1})"
-        )
-
+    source = ModelFiles(model, share, hub, download_progress)
     view = Path(tempfile.mkdtemp(prefix=f"mlx-cluster-load{rank}-"))
     try:
-        for item in path.iterdir():
-            if not item.name.endswith(".safetensors") or item.name in files:
-                (view / item.name).symlink_to(item.resolve())
+        _link(view, source.metadata())
+        config = load_config(view)
+        arch = _architecture(config, source.folder or Path(model))
+        check_shapes(arch, strategy, size, split)
+        try:
+            model_class, _ = _get_classes(config)
+        except ValueError as e:  # "Model type X not supported."
+            raise InputError(f"{model}: {e} (by the installed mlx-lm)") from None
+        num_layers = int(arch["num_hidden_layers"])
+        pipeline = size > 1 and strategy == "pipeline"
+        if size > 1 and strategy == "tensor" and not hasattr(model_class, "shard"):
+            raise InputError(
+                f"mlx-lm has no tensor parallel for {config['model_type']}: use --strategy pipeline"
+            )
+        local = layer_range(num_layers, rank, size, split) if pipeline else range(num_layers)
+        files = local_files(view, local if pipeline else None, source.weight_names())
+        if not files:
+            raise InputError(
+                f"{model} lacks any model*.safetensors (rank {rank}, "
+                f"layers {local.start}-{local.stop - 1})"
+            )
+        try:
+            source.obtain(files)
+        except MissingFiles as e:
+            raise InputError(f"{e} (rank {rank}, layers {local.start}-{local.stop - 1})") from None
+        _link(view, {name: source.where[name] for name in files})
         net, config = load_model(view, lazy=True, strict=not pipeline)
         tokenizer = load_tokenizer(view, eos_token_ids=config.get("eos_token_id"))
         net = _shard(net, group, strategy if size > 1 else "none", split)
         _materialise(net, local, len(files), progress)
     finally:
         shutil.rmtree(view, ignore_errors=True)
-    return Shard(net, tokenizer, config, (local.start, local.stop), tuple(files))
+    return Shard(net, tokenizer, config, (local.start, local.stop), tuple(files), source.fetched)
+
+
+def shard_for_job(job: RankJob, group: Any, emit: Callable[..., None]) -> Shard:
+    """The job's shard, loading progress and file transfers reported through `emit`."""
+    share = PeerShare.from_job(job.share) if job.share is not None else None
+    return load_shard(
+        job.model, job.rank, job.world_size, job.strategy, group, split=job.layer_split,
+        progress=lambda done, total, files: emit(
+            "loading", layers_done=done, layers_total=total, files=files
+        ),
+        download_progress=lambda step: emit("progress", stage="download", **step.fields()),
+        share=share,
+        hub=job.hub,
+    )  # fmt: skip
+
+
+def _link(view: Path, where: dict[str, Path]) -> None:
+    """mlx-lm reads a folder: give it one of symlinks to exactly the files this rank loads."""
+    for name, path in where.items():
+        link = view / name
+        if not link.exists():
+            link.symlink_to(path.resolve())
 
 
 def _architecture(config: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import asdict
 from typing import Any, TextIO
 
 from cluster.job import RankJob, event_line
@@ -137,27 +138,17 @@ def run(job: RankJob, reporter: Reporter, text_out: TextIO) -> None:
         group = init_group(job)
     # mlx-lm is imported only now: MLX had to see the job's environment first.
     from cluster.generate import decode
-    from cluster.load import load_shard
+    from cluster.load import shard_for_job
 
     reporter.enter("load", model=job.model, strategy=job.strategy)
     started = time.monotonic()
-    shard = load_shard(
-        job.model,
-        job.rank,
-        job.world_size,
-        job.strategy,
-        group,
-        split=job.layer_split,
-        progress=lambda done, total, files: reporter.emit(
-            "loading", layers_done=done, layers_total=total, files=files
-        ),
-        download_progress=lambda step: reporter.emit("progress", stage="download", **step.fields()),
-    )
+    shard = shard_for_job(job, group, reporter.emit)
     reporter.enter(
         "decode",
         layers=list(shard.layers),
         files=len(shard.files),
         load_s=round(time.monotonic() - started, 3),
+        copied=asdict(shard.fetched),
     )
     if job.mode == "serve":  # until the launcher closes stdin
         from cluster.serve.loop import serve

@@ -11,6 +11,7 @@ computes the rates (launcher/bench/report.py). calibrate: see cluster/bench/cali
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Any, Protocol
 
 from cluster.job import RankJob
@@ -62,19 +63,14 @@ def _bench(job: RankJob, group: Any, reporter: Reporter) -> None:
     from mlx_lm.generate import generation_stream, wired_limit
 
     from cluster.generate import barrier, gather_peak_memory
-    from cluster.load import load_shard
+    from cluster.load import shard_for_job
 
     reporter.enter("load", model=job.model, strategy=job.strategy)
     started = time.monotonic()
-    shard = load_shard(
-        job.model, job.rank, job.world_size, job.strategy, group, split=job.layer_split,
-        progress=lambda done, total, files: reporter.emit(
-            "loading", layers_done=done, layers_total=total, files=files
-        ),
-        download_progress=lambda step: reporter.emit("progress", stage="download", **step.fields()),
-    )  # fmt: skip
+    shard = shard_for_job(job, group, reporter.emit)
     load_s = round(time.monotonic() - started, 3)
-    reporter.enter("decode", layers=list(shard.layers), files=len(shard.files), load_s=load_s)
+    reporter.enter("decode", layers=list(shard.layers), files=len(shard.files), load_s=load_s,
+                   copied=asdict(shard.fetched))  # fmt: skip
     vocab = int(shard.config["vocab_size"])
     ids = mx.random.randint(0, vocab, (prompt_tokens,), key=mx.random.key(job.seed))
     ids = ids.astype(mx.int32)

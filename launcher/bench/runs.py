@@ -15,6 +15,7 @@ from cluster.job import RankJob
 from launcher.ranks.jobs import DEFAULT_PORT, Generation, build_rank_jobs
 from launcher.ranks.supervisor import Deadlines, Outcome, supervise
 from launcher.ranks.target import LaunchTarget, rank_launches
+from launcher.share.offer import ModelShare
 from topology.cluster_file import ClusterSpec
 from topology.facts import HostFacts
 from topology.model.spec import ModelSpec
@@ -143,7 +144,16 @@ def run_case(
 ) -> Outcome:
     """Every rank of one bench run, supervised as `launch` supervises them."""
     jobs = _jobs(target, model, "bench", settings.options(), settings.seed, deadlines)
-    return supervise(rank_launches(target, jobs), lambda _text: None, None, deadlines)
+    return _supervise(target, model, jobs, deadlines)
+
+
+def _supervise(
+    target: LaunchTarget, model: str, jobs: list[RankJob], deadlines: Deadlines
+) -> Outcome:
+    """Supervise the jobs, the model's files offered to ranks on other hosts meanwhile."""
+    with ModelShare(model) as share:
+        launches = rank_launches(target, share.jobs(target, jobs))
+        return supervise(launches, lambda _text: None, None, deadlines)
 
 
 @dataclass(frozen=True)
@@ -170,7 +180,7 @@ def run_calibration(
         "bandwidth_ranks": sorted(first_rank.values()),
     }
     jobs = _jobs(target, model, "calibrate", options, 0, deadlines)
-    outcome = supervise(rank_launches(target, jobs), lambda _text: None, None, deadlines)
+    outcome = _supervise(target, model, jobs, deadlines)
     if outcome.exit_code != 0 or outcome.result is None:
         return CalibrationRun(outcome, None)
     r = outcome.result

@@ -7,13 +7,13 @@ Exit 0 only when the two ranks produce exactly the single process's tokens.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from cluster.cache import cache_root
 from launcher.cli.launch import run_launch, summary_line
 from launcher.cli.options import PROMPT, TOKENS
 from launcher.ranks.jobs import Generation
@@ -24,15 +24,11 @@ DEMO_LAYERS, DEMO_HIDDEN, DEMO_HEADS, DEMO_KV_HEADS = 4, 128, 8, 4  # splits ove
 DEMO_PROMPT = "Write a short poem about the sea"
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("MLX_CLUSTER_CACHE") or Path.home() / ".cache" / "mlx-cluster")
-
-
 def demo_model() -> Path:
     """The demo model, written on first use (a few seconds) and reused afterwards."""
     from cluster.tiny_model import MARKER, write_tiny_model
 
-    path = cache_dir() / "demo-model"
+    path = cache_root() / "demo-model"
     if (path / MARKER).is_file() and (path / "config.json").is_file():
         return path
     click.echo(f"writing the tiny demo model to {path} ...", err=True)

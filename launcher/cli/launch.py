@@ -26,6 +26,7 @@ from launcher.cli.options import (
     check_deadlines,
     check_local,
     deadline_options,
+    hub_option,
     job_options,
     placement_options,
 )
@@ -41,6 +42,7 @@ from launcher.ranks.target import (
     plan_dir_target,
     rank_launches,
 )
+from launcher.share.offer import ModelShare
 from topology.cluster_file import ClusterSpec
 from topology.errors import InputError
 
@@ -51,6 +53,7 @@ class LaunchRun:
 
     outcome: Outcome
     target: LaunchTarget
+    copied: tuple[dict[str, int], ...] = ()  # per rank: files/bytes/resumed from a peer
 
     def json_line(self) -> str:
         r = self.outcome.result or {}
@@ -69,6 +72,7 @@ class LaunchRun:
                 "prompt_tokens": r.get("prompt_tokens"),
                 "generation_tokens": len(r.get("tokens", [])),
                 "finish_reason": r.get("finish_reason"),
+                "copied": list(self.copied),
             }
         )
 
@@ -153,8 +157,10 @@ def run_launch(
     deadlines: Deadlines,
     text_out: TextIO | None,
     options: dict[str, Any] | None = None,
+    hub: bool = True,
 ) -> LaunchRun:
-    """Start every rank of the target, stream rank 0's text to text_out, wait for the end."""
+    """Start every rank of the target, stream rank 0's text to text_out, wait for the end.
+    Ranks on other hosts get the model's files they lack from this host (launcher/share/)."""
     jobs = build_rank_jobs(
         target.hostfile,
         strategy=target.plan.strategy,
@@ -178,16 +184,34 @@ def run_launch(
 
     loading = _LoadingDisplay(sys.stderr, len(jobs))
     prompt = _PromptProgress(sys.stderr)
+    copied = [{"files": 0, "bytes": 0, "resumed": 0} for _ in jobs]
 
     def on_event(rank: int, event: dict[str, Any]) -> None:
         loading(rank, event)
         prompt(rank, event)
+        if event.get("event") == "decode" and isinstance(event.get("copied"), dict):
+            copied[rank] = {k: int(event["copied"].get(k) or 0) for k in copied[rank]}
+            if copied[rank]["files"]:
+                _say_copied(rank, target.plan.ranks[rank].host, copied[rank])
 
-    outcome = supervise(rank_launches(target, jobs), write, on_event, deadlines)
+    with ModelShare(model, hub) as share:
+        launches = rank_launches(target, share.jobs(target, jobs))
+        outcome = supervise(launches, write, on_event, deadlines)
     if open_line and text_out is not None:
         text_out.write("\n")
         text_out.flush()
-    return LaunchRun(outcome, target)
+    return LaunchRun(outcome, target, tuple(copied))
+
+
+def _say_copied(rank: int, host: str, copied: dict[str, int]) -> None:
+    """One stderr line per rank that copied model files from this host."""
+    resumed = f", resumed after {_size(copied['resumed'])}" if copied["resumed"] else ""
+    files = f"{copied['files']} file{'s' * (copied['files'] != 1)}"
+    sys.stderr.write(
+        f"mlx-cluster: rank {rank} ({host}) copied {files} ({_size(copied['bytes'])}) "
+        f"of the model from this host{resumed}\n"
+    )
+    sys.stderr.flush()
 
 
 def resolve_target(
@@ -243,6 +267,7 @@ def _unreachable(cluster: ClusterSpec | None) -> int:
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line at the end.")
 @deadline_options("every rank is stopped")
+@hub_option
 @click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
 def launch(
     cluster_file: str | None,
@@ -261,6 +286,7 @@ def launch(
     rank_timeout: float,
     stall_timeout: float,
     load_timeout: float,
+    no_hub: bool,
     job_option: tuple[str, ...],
 ) -> int:
     """Run the model across the hosts and stream the generated text."""
@@ -286,6 +312,7 @@ def launch(
         deadlines,
         None if as_json else sys.stdout,
         options,
+        hub=not no_hub,
     )
     out = run.outcome
     if out.interrupted:

@@ -260,3 +260,13 @@ def deadline_options(what: str) -> Callable[[F], F]:
         )(f)
 
     return add
+
+
+def hub_option(f: F) -> F:
+    """--no-hub: model files come from the cluster's hosts only (launcher/share/)."""
+    return click.option(
+        "--no-hub",
+        is_flag=True,
+        help="Never download from the Hugging Face Hub: files no host of the cluster has "
+        "are an error.",
+    )(f)

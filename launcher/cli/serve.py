@@ -23,6 +23,7 @@ from launcher.cli.options import (
     check_deadlines,
     check_hosts_source,
     deadline_options,
+    hub_option,
     job_options,
     placement_options,
 )
@@ -121,6 +122,7 @@ def _listen(host: str, port: int, app: ServeApp) -> HttpServer:
     is_flag=True,
     help="After a failover, do not take lost hosts back when they answer again.",
 )
+@hub_option
 @click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
 def serve_cmd(
     cluster_file: str | None,
@@ -138,6 +140,7 @@ def serve_cmd(
     stall_timeout: float,
     load_timeout: float,
     no_rejoin: bool,
+    no_hub: bool,
     job_option: tuple[str, ...],
 ) -> int:
     """Serve the model over an OpenAI-compatible HTTP API, re-planning when a rank dies."""
@@ -179,6 +182,7 @@ def serve_cmd(
         metrics,
         open_requests=lambda: len(tickets),
         rejoin=not no_rejoin,
+        hub=not no_hub,
     )
     cluster = ServeCluster(runner, tickets)
     metrics.watch(cluster.ranks_up, lambda: len(tickets))

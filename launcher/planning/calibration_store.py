@@ -7,22 +7,19 @@ A new calibration replaces only the backends and hosts it measured.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from cluster.cache import CACHE_ENV, cache_root
 from topology.errors import InputError
 from topology.planning.calibration import Calibration
 from topology.untrusted import load_json
 
-CACHE_ENV = "MLX_CLUSTER_CACHE"
 FILE_NAME = "calibration.json"
 _MAX_BYTES = 1 << 20  # a few measurements per backend and host: a few KB
 
 
 def calibration_path() -> Path:
-    cache = os.environ.get(CACHE_ENV)
-    base = Path(cache).expanduser() if cache else Path.home() / ".cache" / "mlx-cluster"
-    return base / FILE_NAME
+    return cache_root() / FILE_NAME
 
 
 def load_calibration(path: Path | None = None) -> Calibration | None:

@@ -182,7 +182,7 @@ def cluster_target(
     return LaunchTarget(plan, hostfile, spec, port=DEFAULT_PORT)
 
 
-def _host_spec(target: LaunchTarget, rank: int) -> HostSpec | None:
+def rank_host(target: LaunchTarget, rank: int) -> HostSpec | None:
     """The cluster host a rank runs on; None when it runs on this machine."""
     if target.cluster is None:
         return None
@@ -200,7 +200,7 @@ def rank_launches(target: LaunchTarget, jobs: list[RankJob]) -> list[RankLaunch]
 
     out = []
     for job in jobs:
-        host = _host_spec(target, job.rank)
+        host = rank_host(target, job.rank)
         if host is None or target.cluster is None:
             argv: tuple[str, ...] = (sys.executable, *RANK_MODULE)
             out.append(RankLaunch(job.rank, target.plan.ranks[job.rank].host, argv, job))

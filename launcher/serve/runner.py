@@ -30,6 +30,7 @@ from launcher.serve.failover import ServeSource, describe
 from launcher.serve.metrics import ServeMetrics
 from launcher.serve.rejoin import DRAIN_S, Rejoin, check_intervals, lost_hosts, returned
 from launcher.serve.tickets import Event
+from launcher.share.offer import ModelShare
 from topology.errors import InputError
 from topology.model.spec import ModelSpec
 from topology.planning.serving import prefix_cache_budget
@@ -80,8 +81,10 @@ class RankRunner:
         metrics: ServeMetrics,
         open_requests: Callable[[], int] = lambda: 0,
         rejoin: bool = True,
+        hub: bool = True,
     ) -> None:
         self.source, self.model, self.deadlines = source, model, deadlines
+        self.share = ModelShare(model, hub)  # the model's files, for ranks on other hosts
         self.limits, self.options, self.log = limits, options, log  # options: --job-option
         self._route, self._fail_open = on_event, on_down
         self.metrics = metrics
@@ -114,6 +117,7 @@ class RankRunner:
         self._job_stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self.share.close()
 
     def _run(self, target: LaunchTarget) -> None:
         try:
@@ -255,6 +259,7 @@ class RankRunner:
         self.metrics.cache_budget.set(limits["prefix_cache_tokens"])
         options = {**limits, **self.options}  # --job-option (test hooks) wins
         jobs = [replace(j, mode="serve", options=dict(options)) for j in jobs]
+        jobs = self.share.jobs(target, jobs)
         with self.changed:
             self.target = target
             self.heard = [time.monotonic()] * len(jobs)

@@ -81,13 +81,23 @@ class EmulatedHosts:
     """N hosts as network namespaces with real sshd; a context manager that always tears down."""
 
     def __init__(
-        self, n: int, topology: str = "switch", netem: str | None = None, sshd: bool = True
+        self,
+        n: int,
+        topology: str = "switch",
+        netem: str | None = None,
+        sshd: bool = True,
+        private: Sequence[Path] = (),
+        session_env: Mapping[str, str] | None = None,
     ) -> None:
+        """`private`: directories each host sees its own (empty) copy of, as separate Macs
+        would (their sessions run in a mount namespace; see private_path). `session_env`:
+        set in every ssh session of every host."""
         if n < 1 or topology not in ("switch", "mesh"):
             raise ValueError("EmulatedHosts(n >= 1, topology='switch'|'mesh')")
         if topology == "mesh" and n * (n - 1) // 2 > MESH_NET.num_addresses // 4:
             raise ValueError(f"a mesh of {n} hosts needs more /30s than {MESH_NET} holds")
         self.n, self.topology, self.netem, self.with_sshd = n, topology, netem, sshd
+        self.private, self.session_env = [Path(p) for p in private], dict(session_env or {})
         self.hosts: list[Host] = []
         self.tag = ""
         self.tmp = Path()
@@ -206,7 +216,15 @@ class EmulatedHosts:
             state = self.tmp / host.name
             state.mkdir()
             addresses = [host.ip, *(host.mesh_ips[j] for j in sorted(host.mesh_ips))]
-            host.sshd, host_pub = openssh.start_sshd(host.ns, state, authorized, addresses)
+            mounts = []
+            for target in self.private:
+                target.mkdir(parents=True, exist_ok=True)
+                source = self.private_path(host.index, target)
+                source.mkdir(parents=True)
+                mounts.append((source, target))
+            host.sshd, host_pub = openssh.start_sshd(
+                host.ns, state, authorized, addresses, self.session_env, mounts
+            )
             known.append(openssh.known_hosts_line(addresses, host_pub))
         self.known_hosts = self.tmp / "known_hosts"
         self.known_hosts.write_text("\n".join(known) + "\n")
@@ -235,6 +253,18 @@ class EmulatedHosts:
             raise RuntimeError(f"emulated hosts teardown left {left}")
 
     # -- using ----------------------------------------------------------------------------
+    def private_path(self, i: int, target: Path) -> Path:
+        """Where the test process finds host i's own copy of a `private` directory."""
+        k = self.private.index(Path(target))
+        return self.tmp / self.hosts[i].name / "private" / str(k)
+
+    def in_host(self, i: int, argv: Sequence[str]) -> list[str]:
+        """argv run as if on host i: its network and (with `private`) its mount namespace."""
+        sshd = self.hosts[i].sshd
+        if not self.private or sshd is None:
+            return ["ip", "netns", "exec", self.hosts[i].ns, *argv]
+        return ["nsenter", "-t", str(sshd.pid), "-m", "-n", "--", *argv]
+
     def __getitem__(self, i: int) -> Host:
         return self.hosts[i]
 

@@ -8,10 +8,11 @@ run with StrictHostKeyChecking=yes exactly like a user who has verified their Ma
 from __future__ import annotations
 
 import contextlib
+import shlex
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"  # sshd re-executes itself, so it must be started by absolute path
@@ -30,10 +31,17 @@ def keygen(path: Path, comment: str) -> str:
 
 
 def sshd_config(
-    state_dir: Path, host_key: Path, authorized_keys: Path, listen: Sequence[str]
+    state_dir: Path,
+    host_key: Path,
+    authorized_keys: Path,
+    listen: Sequence[str],
+    session_env: Mapping[str, str] | None = None,
 ) -> Path:
-    """Write the sshd_config for one host: key-only root login, files in temp dirs."""
+    """Write the sshd_config for one host: key-only root login, files in temp dirs;
+    `session_env` is set in every session (what a host's own shell profile would set)."""
+    env = " ".join(f"{k}={v}" for k, v in (session_env or {}).items())
     lines = [
+        *([f"SetEnv {env}"] if env else []),
         *(f"ListenAddress {addr}:22" for addr in listen),
         f"HostKey {host_key}",
         f"PidFile {state_dir / 'sshd.pid'}",
@@ -69,16 +77,28 @@ def check_config(config: Path) -> None:
 
 
 def start_sshd(
-    ns: str, state_dir: Path, authorized_keys: Path, listen: Sequence[str]
+    ns: str,
+    state_dir: Path,
+    authorized_keys: Path,
+    listen: Sequence[str],
+    session_env: Mapping[str, str] | None = None,
+    mounts: Sequence[tuple[Path, Path]] = (),
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start one host's sshd in namespace `ns` (foreground, log in state_dir/sshd.log);
-    return the process and the host's public key line."""
+    return the process and the host's public key line. `mounts` (source, target): the host
+    gets its own mount namespace where each target shows the source's files instead."""
     host_pub = keygen(state_dir / "host_key", f"{ns}-host")
-    config = sshd_config(state_dir, state_dir / "host_key", authorized_keys, listen)
+    config = sshd_config(state_dir, state_dir / "host_key", authorized_keys, listen, session_env)
     check_config(config)
+    argv = [SSHD, "-D", "-e", "-f", str(config)]
+    if mounts:
+        binds = " && ".join(f"mount --bind {shlex.quote(str(s))} {shlex.quote(str(t))}"
+                            for s, t in mounts)  # fmt: skip
+        script = f"{binds} && exec {shlex.join(argv)}"
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
     with (state_dir / "sshd.log").open("wb") as log:
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(config)],
+            ["ip", "netns", "exec", ns, *argv],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
