@@ -46,13 +46,15 @@ class DownloadStep:
     file: str
     bytes: int | None = None  # of `file`, received so far
     size: int | None = None  # of `file`, when the Hub's listing says
+    received: int | None = None  # of all `total` files so far (a copy from a peer says)
+    expected: int | None = None  # of all `total` files
 
     def fields(self) -> dict[str, Any]:
         """The event fields (launcher side: `progress` with stage "download")."""
         out: dict[str, Any] = {"done": self.done, "total": self.total, "file": self.file}
-        return out | {
-            k: v for k, v in (("bytes", self.bytes), ("size", self.size)) if v is not None
-        }
+        sizes = {"bytes": self.bytes, "size": self.size}
+        sizes |= {"received": self.received, "expected": self.expected}
+        return out | {k: v for k, v in sizes.items() if v is not None}
 
 
 DownloadProgress = Callable[[DownloadStep], None]  # may be called from a helper thread

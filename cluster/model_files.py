@@ -12,6 +12,7 @@ its shard reads before any weight moves. No MLX here.
 from __future__ import annotations
 
 import fnmatch
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from cluster.fetch import (
     fetch_files,
     fetch_metadata,
 )
+from cluster.file_server import ModelFileServer
+from cluster.inventory import holdings
 from cluster.manifest import FileEntry, Manifest, is_model_file_name
 from cluster.peer_fetch import FetchReport, fetch_from_peers, verified
 from topology.errors import InputError
@@ -36,29 +39,48 @@ class MissingFiles(InputError):
 
 
 @dataclass(frozen=True)
+class FileSource:
+    """One host serving model files: its base URLs (fastest first) and the names it has."""
+
+    urls: tuple[str, ...]
+    files: frozenset[str]
+
+
+@dataclass(frozen=True)
 class PeerShare:
-    """A job's `share` field: where the launcher serves the model, and what it holds."""
+    """A job's `share` field: who serves which files of the model, and what they are."""
 
     token: str
-    sources: tuple[str, ...]
+    sources: tuple[FileSource, ...]  # the launching host first, then other ranks' hosts
     manifest: Manifest
     revision: str | None  # the Hub commit of a repo id's files; None for a local folder
+    serve: Mapping[str, Any] | None  # {"port", "addresses", "files"}: serve them to peers
 
     @classmethod
     def from_job(cls, raw: Mapping[str, Any]) -> PeerShare:
         try:
-            sources = raw.get("sources") or []
-            if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
-                raise ValueError("sources: expected a list of URLs")
+            sources = []
+            for item in raw.get("sources") or []:
+                urls, files = item["urls"], item["files"]
+                if not all(isinstance(u, str) for u in urls + files):
+                    raise ValueError("sources: expected URLs and file names")
+                sources.append(FileSource(tuple(urls), frozenset(files)))
             revision = raw.get("revision")
             if revision is not None and not isinstance(revision, str):
                 raise ValueError("revision: expected a commit hash")
-            return cls(str(raw["token"]), tuple(sources), Manifest.from_json(raw["manifest"]),
-                       revision)  # fmt: skip
-        except (KeyError, ValueError) as e:
+            serve = raw.get("serve")
+            if serve is not None and not isinstance(serve, dict):
+                raise ValueError("serve: expected an object")
+            manifest = Manifest.from_json(raw["manifest"])
+            return cls(str(raw["token"]), tuple(sources), manifest, revision, serve)
+        except (KeyError, TypeError, ValueError) as e:
             raise InputError(
                 f"bad share in the job ({e}): launcher and rank versions differ"
             ) from None
+
+    def urls_for(self, name: str) -> tuple[str, ...]:
+        """Every URL that serves `name`, in the order the launcher gave the hosts."""
+        return tuple(u for s in self.sources if name in s.files for u in s.urls)
 
 
 def is_metadata(name: str) -> bool:
@@ -103,6 +125,11 @@ class ModelFiles:
                 self._own_metadata()
             else:
                 self.obtain(names)
+            if self.is_repo and self.hub and not any(n.startswith("tokenizer") for n in self.where):
+                # No host had the tokenizer (the launcher may hold just what planning read).
+                snap = fetch_metadata(self.model, self.progress)
+                extra = [p for p in snap.path.iterdir() if is_metadata(p.name)]
+                self.where.update({p.name: p for p in extra if p.name not in self.where})
         if "config.json" not in self.where:
             shown = self.folder or self.model
             raise InputError(f"{shown} has no config.json: point --model at an MLX model folder")
@@ -142,7 +169,7 @@ class ModelFiles:
             found = self._here(name)
             if found is not None:
                 self.where[name] = found
-            elif self.share is not None and name in self.share.manifest.files:
+            elif self.share is not None and self.share.urls_for(name):
                 peers[name] = self.share.manifest.files[name]
             else:
                 hub.append(name)
@@ -181,22 +208,31 @@ class ModelFiles:
         return self.snapshot.path if self.snapshot is not None else None
 
     def _copies(self) -> Path:
+        """This host's copies: a repo's by commit (what the cluster holds of it may grow), a
+        folder's by the digest of its files."""
         assert self.share is not None
-        return cache_root() / "models" / self.share.manifest.folder
+        manifest, revision = self.share.manifest, self.share.revision
+        folder = f"{manifest.name}-{revision[:16]}" if revision else manifest.folder
+        return cache_root() / "models" / folder
 
     def _from_peers(self, wanted: dict[str, FileEntry]) -> None:
+        """Fetch from the hosts that have them: files held by the same hosts in one go, so
+        different files can come from different peers."""
         assert self.share is not None
-        if not self.share.sources:
-            self._missing(list(wanted), "no address of the launching host is reachable")
-            return
+        groups: dict[tuple[str, ...], dict[str, FileEntry]] = {}
+        for name, entry in wanted.items():
+            groups.setdefault(self.share.urls_for(name), {})[name] = entry
+        if () in groups:
+            self._missing(sorted(groups[()]), "and no host serves it")
         dest = self._copies()
-        report = fetch_from_peers(self.share.sources, self.share.token, wanted, dest, self.progress)
-        self.fetched = FetchReport(
-            self.fetched.files + report.files,
-            self.fetched.bytes + report.bytes,
-            self.fetched.resumed + report.resumed,
-        )
-        self.where.update({name: dest / name for name in wanted})
+        for urls, files in groups.items():
+            report = fetch_from_peers(urls, self.share.token, files, dest, self.progress)
+            self.fetched = FetchReport(
+                self.fetched.files + report.files,
+                self.fetched.bytes + report.bytes,
+                self.fetched.resumed + report.resumed,
+            )
+            self.where.update({name: dest / name for name in files})
 
     def _from_hub(self, names: list[str]) -> None:
         if not self.is_repo:
@@ -211,7 +247,7 @@ class ModelFiles:
     def _hub_snapshot(self) -> HubSnapshot:
         if self.snapshot is None:
             path = self._cached_snapshot()
-            if path is not None:  # the launcher's commit, whatever this host has cached
+            if path is not None and path.is_dir():  # the launcher's commit, as cached here
                 self.snapshot = HubSnapshot(self.model, path, None)
             else:
                 self.snapshot = fetch_metadata(self.model, self.progress, online=self.hub)
@@ -223,6 +259,42 @@ class ModelFiles:
         raise MissingFiles(f"{self.model}: {where} {shown}{' ' + why if why else ''}")
 
 
+def serve_own_files(model: str, share: PeerShare) -> list[ModelFileServer]:
+    """Serve this host's copy of the files the launcher listed to the other ranks (for as long
+    as the rank runs), on each of the host's addresses that it can bind; nothing when none."""
+    if share.serve is None or share.revision is None:
+        return []
+    _, _, where = holdings(model, share.revision)
+    listed = set(share.serve.get("files") or [])
+    files = {
+        name: path
+        for name, path in where.items()
+        if name in listed and name in share.manifest.files
+        and _matches(path, share.manifest.files[name])
+    }  # fmt: skip
+    servers = []
+    port = int(share.serve.get("port") or 0)
+    for address in _own_addresses(share.serve.get("addresses") or []):
+        server = ModelFileServer(files, share.token, [address], port)
+        try:
+            servers.append(server.__enter__())
+        except InputError:  # not this host's address, or the port is taken: peers try others
+            continue
+    return servers
+
+
+def _own_addresses(addresses: Iterable[str]) -> list[str]:
+    """IP literals as given, host names resolved here (a host may know itself by name)."""
+    out: list[str] = []
+    for address in addresses:
+        try:
+            infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            continue
+        out += [str(info[4][0]) for info in infos]
+    return list(dict.fromkeys(out))
+
+
 def _matches(path: Path, entry: FileEntry) -> bool:
     """Is `path` the manifest's file? A Hugging Face blob is named by its sha256 (checked by
     the Hub when it arrived); any other file is hashed, once per version (cluster/digests.py)."""
@@ -232,4 +304,12 @@ def _matches(path: Path, entry: FileEntry) -> bool:
     return verified(real, entry)
 
 
-__all__ = ["MissingFiles", "ModelFiles", "PeerShare", "is_metadata", "is_model_file_name"]
+__all__ = [
+    "FileSource",
+    "MissingFiles",
+    "ModelFiles",
+    "PeerShare",
+    "is_metadata",
+    "is_model_file_name",
+    "serve_own_files",
+]

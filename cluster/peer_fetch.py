@@ -1,6 +1,6 @@
 """A rank copies the model files its shard needs from the launching host, over HTTP.
 
-The launching host downloads a model once and serves it to its ranks (launcher/share/server.py);
+The launching host downloads a model once and serves it to its ranks (cluster/file_server.py);
 a rank on another host fetches only the files it reads, into cache_root()/models/<folder>/.
 Every file is checked against the manifest's sha256 before it is used, a cut transfer resumes
 from what its `.part` file holds (on the next source, or at the next launch), and a per-file
@@ -87,7 +87,12 @@ def fetch_from_peers(
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"cannot create {dest}: {e.strerror or e}") from None
-    run = _Fetch(tuple(sources), token, dest, _Progress(progress, len(todo)))
+    run = _Fetch(
+        tuple(sources),
+        token,
+        dest,
+        _Progress(progress, len(todo), sum(wanted[n].size for n in todo)),
+    )
     with run.progress.ticking(), ThreadPoolExecutor(max(1, min(parallel, len(todo)))) as pool:
         futures = [pool.submit(run.file, name, wanted[name]) for name in todo]
         try:
@@ -125,16 +130,19 @@ class _Progress:
     """DownloadSteps from several threads, in order: a file's start, its bytes every TICK_S
     while they grow (one ticker thread for all files), its end."""
 
-    def __init__(self, progress: DownloadProgress | None, total: int) -> None:
-        self.progress, self.total = progress, total
+    def __init__(self, progress: DownloadProgress | None, total: int, expected: int) -> None:
+        self.progress, self.total, self.expected = progress, total, expected
         self.done = 0
+        self.finished = 0  # bytes of the files done
         self.lock = threading.Lock()  # held while calling `progress`: one step at a time
         self.live: dict[str, list[int]] = {}  # name -> [bytes, size, bytes last reported]
         self.stop = threading.Event()
 
     def _emit(self, name: str, got: int, size: int) -> None:
         if self.progress is not None:
-            self.progress(DownloadStep(self.done, self.total, name, got, size))
+            received = self.finished + sum(state[0] for state in self.live.values())
+            step = DownloadStep(self.done, self.total, name, got, size, received, self.expected)
+            self.progress(step)
 
     def start(self, name: str, got: int, size: int) -> None:
         with self.lock:
@@ -148,6 +156,7 @@ class _Progress:
         with self.lock:
             self.live.pop(name, None)
             self.done += 1
+            self.finished += size
             self._emit(name, size, size)
 
     @contextlib.contextmanager

@@ -126,7 +126,14 @@ def _start_guard(job: RankJob) -> None:
 def run(job: RankJob, reporter: Reporter, text_out: TextIO) -> None:
     """Initialise, load, decode and say "done"; raises on failure."""
     from cluster.distributed import init_group, job_environment
+    from cluster.model_files import PeerShare, serve_own_files
 
+    # This host's files the other ranks lack, served from the start (before the group forms,
+    # so they are there when a peer asks); they live as long as this rank.
+    share = PeerShare.from_job(job.share) if job.share is not None else None
+    serving = serve_own_files(job.model, share) if share is not None else []
+    if share is not None and share.serve is not None:
+        reporter.emit("sharing", files=len(share.serve.get("files") or []), servers=len(serving))
     if job.mode in ("bench", "calibrate"):  # timed runs: cluster/bench/measure.py
         from cluster.bench.measure import run_measurement
 

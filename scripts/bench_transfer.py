@@ -6,7 +6,7 @@
 In one run, on the same link, alternating (raw, ours, raw, ours, ...):
   raw   one TCP connection; the sender sendfile()s the files back to back, the receiver reads
         into a buffer and throws it away: what the link carries at best.
-  ours  launcher/share/server.py's ModelFileServer and the rank's cluster.peer_fetch client
+  ours  cluster/file_server.py's ModelFileServer and the rank's cluster.peer_fetch client
         (`--parallel` files at a time), written to a fresh folder and sha256-checked.
 and prints ours/raw (the goal is >= 0.80). Default link: loopback. `--netns` puts the senders
 and the receivers in two network namespaces joined by a veth pair (needs root), and `--rate`
@@ -71,7 +71,7 @@ def role_raw_recv(host: str, port: int) -> None:
 
 def role_share_serve(bind: str, token: str, files: list[str]) -> None:
     """Serve until stdin closes (the orchestrator holds it open)."""
-    from launcher.share.server import ModelFileServer
+    from cluster.file_server import ModelFileServer
 
     with ModelFileServer({Path(f).name: Path(f) for f in files}, token, [bind]) as server:
         print(server.url(bind), flush=True)

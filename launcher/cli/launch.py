@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
@@ -26,6 +27,7 @@ from launcher.cli.options import (
     check_deadlines,
     check_local,
     deadline_options,
+    forbid_hub,
     hub_option,
     job_options,
     placement_options,
@@ -100,6 +102,22 @@ class _LoadingDisplay:
     def __init__(self, stream: TextIO, ranks: int) -> None:
         self.stream, self.active = stream, stream.isatty()
         self.done: dict[int, str] = {r: "starting" for r in range(ranks)}
+        self.first: dict[int, tuple[float, int]] = {}  # rank -> when its copy started, bytes
+
+    def _copying(self, rank: int, event: dict[str, Any]) -> str:
+        """`downloading k/n`, with bytes, rate and time left when the rank says them."""
+        total = event.get("total") or 0
+        line = f"downloading {event.get('done', 0)}/{total}" if total else "downloading"
+        received, expected = event.get("received"), event.get("expected")
+        if not (isinstance(received, int) and isinstance(expected, int) and expected > 0):
+            return line
+        now = time.monotonic()
+        since, start = self.first.setdefault(rank, (now, received))
+        line += f" {_size(received)}/{_size(expected)}"
+        if now - since >= 1 and received > start:
+            rate = (received - start) / (now - since)
+            line += f" {_size(int(rate))}/s, {max(0, expected - received) / rate:.0f} s left"
+        return line
 
     def __call__(self, rank: int, event: dict[str, Any]) -> None:
         if not self.active:
@@ -108,10 +126,7 @@ class _LoadingDisplay:
         if name == "loading":
             self.done[rank] = f"{event.get('layers_done', '?')}/{event.get('layers_total', '?')}"
         elif name == "progress" and event.get("stage") == "download":  # cluster/fetch.py
-            total = event.get("total") or 0
-            self.done[rank] = (
-                f"downloading {event.get('done', 0)}/{total}" if total else "downloading"
-            )
+            self.done[rank] = self._copying(rank, event)
         elif name in ("init", "load", "decode"):
             self.done[rank] = {"init": "connecting", "load": "loading", "decode": "ready"}[name]
         else:
@@ -292,6 +307,8 @@ def launch(
     """Run the model across the hosts and stream the generated text."""
     deadlines = check_deadlines(rank_timeout, load_timeout, stall_timeout)
     options = job_options(job_option)
+    if no_hub:
+        forbid_hub()
     if sum(x is not None for x in (cluster_file, local, plan_dir)) != 1:
         raise InputError("give exactly one of CLUSTER.yaml, --local N or --plan DIR")
     cluster = read_cluster(cluster_file) if cluster_file is not None else None

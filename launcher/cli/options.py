@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import sys
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -222,6 +224,23 @@ def job_options(items: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+DISCOVER_HELP = "Use the hosts whose `mlx-cluster agent` answers on the local network (mDNS)."
+
+
+def host_source_options(snapshot_help: str) -> Callable[[F], F]:
+    """[CLUSTER.yaml], --hosts, --snapshot and --discover: where a command's hosts come from."""
+
+    def add(f: F) -> F:
+        f = click.option("--discover", is_flag=True, help=DISCOVER_HELP)(f)
+        f = click.option("--snapshot", type=DIRECTORY, metavar="DIR", help=snapshot_help)(f)
+        f = click.option(
+            "--hosts", type=HOSTS, metavar="A,B", help="Comma-separated ssh destinations to probe."
+        )(f)
+        return click.argument("cluster", required=False, metavar="[CLUSTER.yaml]", type=CLUSTER)(f)
+
+    return add
+
+
 def placement_options(f: F) -> F:
     """--strategy and --backend."""
     f = click.option(
@@ -260,6 +279,14 @@ def deadline_options(what: str) -> Callable[[F], F]:
         )(f)
 
     return add
+
+
+def forbid_hub() -> None:
+    """--no-hub on this side: planning reads config.json from the Hub cache only."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:  # already imported: it read the environment then
+        constants.HF_HUB_OFFLINE = True  # type: ignore[attr-defined]
 
 
 def hub_option(f: F) -> F:

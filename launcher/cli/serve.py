@@ -23,6 +23,7 @@ from launcher.cli.options import (
     check_deadlines,
     check_hosts_source,
     deadline_options,
+    forbid_hub,
     hub_option,
     job_options,
     placement_options,
@@ -149,6 +150,8 @@ def serve_cmd(
     if api_key is not None and not api_key.strip():
         raise InputError("--api-key / MLX_CLUSTER_API_KEY is empty: give a key or leave it unset")
     options = job_options(job_option)
+    if no_hub:
+        forbid_hub()
     source = _source(cluster_file, local, model, strategy, backend)
     if source.cluster is not None:
         from launcher.hosts.reachability import refuse_unreachable

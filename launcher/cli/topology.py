@@ -7,7 +7,16 @@ from pathlib import Path
 
 import click
 
-from launcher.cli.options import CLUSTER, CONTEXT, DIRECTORY, FILE, HOSTS, MODEL
+from launcher.cli.options import (
+    CLUSTER,
+    CONTEXT,
+    DIRECTORY,
+    DISCOVER_HELP,
+    FILE,
+    HOSTS,
+    MODEL,
+    host_source_options,
+)
 from launcher.cli.topology_setup import setup_cmd
 from launcher.discovery.cluster import discovered_cluster, refuse_other_sources
 from launcher.hosts.gather import cluster_from_args, cluster_to_probe, probe_facts
@@ -21,8 +30,6 @@ from topology.host_facts import SSH_FAILED, host_facts
 from topology.planning.plan import DEFAULT_CONTEXT, model_problems
 from topology.problems import add_problems, check
 from topology.report import check_json, dot, text_report
-
-_DISCOVER_HELP = "Use the hosts whose `mlx-cluster agent` answers on the local network (mDNS)."
 
 
 @click.group("topology")
@@ -44,12 +51,7 @@ def _write_dot(path: Path, result: CheckResult) -> None:
 
 
 @topology.command("check")
-@click.argument("cluster", required=False, metavar="[CLUSTER.yaml]", type=CLUSTER)
-@click.option(
-    "--hosts", type=HOSTS, metavar="A,B", help="Comma-separated ssh destinations to probe."
-)
-@click.option("--snapshot", type=DIRECTORY, metavar="DIR", help="Check a recorded snapshot.")
-@click.option("--discover", is_flag=True, help=_DISCOVER_HELP)
+@host_source_options("Check a recorded snapshot.")
 @click.option(
     "--backend",
     type=click.Choice(BACKENDS),
@@ -145,7 +147,7 @@ def _summary(name: str, files: dict[str, str | None], out: Path) -> str:
     metavar="DIR",
     help="New directory to write.",
 )
-@click.option("--discover", is_flag=True, help=_DISCOVER_HELP)
+@click.option("--discover", is_flag=True, help=DISCOVER_HELP)
 def snapshot_cmd(cluster: str | None, hosts: str | None, out: Path, discover: bool) -> int:
     """Record every host's command outputs into DIR (one subdirectory per host)."""
     spec: ClusterSpec | None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from launcher.cli.options import CLUSTER, DIRECTORY, HOSTS
+from launcher.cli.options import host_source_options
 from launcher.discovery.cluster import discovered_cluster, refuse_other_sources
 from launcher.hosts.gather import cluster_from_args, probe_facts
 from launcher.hosts.reachability import refuse_unreachable
@@ -19,20 +19,13 @@ from topology.report import text_report
 from topology.setup.plan import plan_setup
 from topology.setup.report import setup_json, setup_text
 
-_DISCOVER_HELP = "Use the hosts whose `mlx-cluster agent` answers on the local network (mDNS)."
-
 
 def _err(line: str) -> None:
     click.echo(f"mlx-cluster: error: {line}", err=True)
 
 
 @click.command("setup")
-@click.argument("cluster", required=False, metavar="[CLUSTER.yaml]", type=CLUSTER)
-@click.option(
-    "--hosts", type=HOSTS, metavar="A,B", help="Comma-separated ssh destinations to probe."
-)
-@click.option("--snapshot", type=DIRECTORY, metavar="DIR", help="Plan from a recorded snapshot.")
-@click.option("--discover", is_flag=True, help=_DISCOVER_HELP)
+@host_source_options("Plan from a recorded snapshot.")
 @click.option(
     "--backend",
     type=click.Choice(BACKENDS),

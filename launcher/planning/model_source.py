@@ -59,9 +59,16 @@ def _read_json(path: Path, label: str, max_bytes: int) -> Any:
 
 
 def _offline(repo: str) -> InputError:
+    from huggingface_hub import constants
+
+    why = (
+        "the Hub is off (--no-hub or HF_HUB_OFFLINE)"
+        if constants.HF_HUB_OFFLINE
+        else "cannot reach the Hugging Face Hub"
+    )
     return InputError(
-        f"cannot reach the Hugging Face Hub for '{repo}' and it is not in the cache: download it "
-        f"first with `hf download {repo} --include '*.json'` or pass a local directory"
+        f"'{repo}' is not in the Hugging Face cache and {why}: download it first with "
+        f"`hf download {repo} --include '*.json'` or pass a local directory"
     )
 
 

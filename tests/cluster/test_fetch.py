@@ -274,3 +274,20 @@ def test_launch_from_the_hub_gives_the_local_folders_tokens(tiny_dir: Path, tmp_
         assert sorted(set(hub.fetched(REPO))) == sorted(p.name for p in tiny_dir.iterdir())
     assert len(hub_tokens) == 5
     assert hub_tokens == launch_tokens(str(tiny_dir), env)
+
+
+def test_no_hub_never_asks_the_hub(tiny_dir: Path, tmp_path: Path) -> None:
+    """--no-hub: a repo not in the cache is one line, and the Hub hears nothing, not even
+    from planning (which reads config.json)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_ENDPOINT")}
+    with fake_hub({REPO: Repo(tiny_dir)}) as hub:
+        done = subprocess.run(
+            [MLX_CLUSTER, "launch", "--local", "1", "--model", REPO, "--prompt", "hi",
+             "--max-tokens", "2", "--no-hub"],
+            capture_output=True, text=True, timeout=RANK_TIMEOUT_S, cwd=ROOT,
+            env=env | hub_env(hub.url, tmp_path / "hf"),
+        )  # fmt: skip
+        assert hub.requests() == []
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert REPO in line and "cache" in line

@@ -1,6 +1,6 @@
 """A rank copies model files from a real local HTTP server speaking the launcher's protocol.
 
-The server here is a minimal stand-in for launcher/share/server.py (GET /files/<name> with a
+The server here is a minimal stand-in for cluster/file_server.py (GET /files/<name> with a
 bearer token and `Range: bytes=<start>-`) that can throttle, cut, stall or corrupt its answers
 and logs every request, so what a fetch transferred is read from its log. Interrupted fetches
 run in child processes that are killed for real. Also: cluster/digests.py's remembered sha256.

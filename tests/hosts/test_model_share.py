@@ -9,7 +9,6 @@ process's tokens under pipeline x3 and tensor x3, copying each file once (launch
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -22,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hub_cache import write_hub_cache
 
 from cluster.load import local_files
 from cluster.model_files import is_metadata
 from cluster.pipeline_stage import layer_range
 from cluster.tiny_model import write_tiny_model
-from hosts.launching import CLI, rank_pids, reference_tokens, wait_until_empty
+from hosts.launching import CLI, cli, rank_pids, reference_tokens, wait_until_empty
 from hosts.netns import VENV_PYTHON, EmulatedHosts, require
 
 PROMPT = "Tell me about clusters"
@@ -37,6 +37,7 @@ SHAPE = {"layers": LAYERS, "hidden": 192, "heads": 6, "kv_heads": 3}  # tensor/p
 LINUX = {"wired_limit_gb": 4}
 CACHE = Path("/root/.cache")  # where a rank's host keeps mlx-cluster's and the Hub's caches
 REPO = "org/tiny3"
+INDEX = "model.safetensors.index.json"
 
 
 @pytest.fixture(scope="module")
@@ -139,22 +140,6 @@ def test_a_folder_only_h0_has_reaches_each_host_once(hosts: EmulatedHosts, tmp_p
     assert result["tokens"] == expected
     assert result["copied"][by_host(result)[1]]["files"] == 1
     assert victim.read_bytes() == (model / victim.name).read_bytes()
-
-
-def write_hub_cache(hf_home: Path, repo: str, folder: Path) -> None:
-    """`repo` as huggingface_hub lays it out after a download: blobs named by their sha256,
-    a snapshot of symlinks to them, refs/main naming the commit."""
-    root = hf_home / "hub" / f"models--{repo.replace('/', '--')}"
-    files = {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
-    commit = hashlib.sha1(json.dumps(sorted(files)).encode()).hexdigest()
-    (root / "blobs").mkdir(parents=True)
-    (root / "snapshots" / commit).mkdir(parents=True)
-    (root / "refs").mkdir()
-    (root / "refs" / "main").write_text(commit)
-    for name, data in files.items():
-        sha = hashlib.sha256(data).hexdigest()
-        (root / "blobs" / sha).write_bytes(data)
-        (root / "snapshots" / commit / name).symlink_to(f"../../blobs/{sha}")
 
 
 def test_a_repo_in_h0s_hub_cache_reaches_each_host(hosts: EmulatedHosts, tmp_path: Path) -> None:
@@ -293,3 +278,38 @@ def test_serve_gets_the_model_to_its_ranks_too(hosts: EmulatedHosts, tmp_path: P
             serve.kill()
             serve.communicate()
     wait_until_empty(hosts, 20, time.monotonic())
+
+
+def test_a_repo_the_launcher_lacks_comes_from_the_hosts_that_hold_it(
+    hosts: EmulatedHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launching machine (not a host) has only what planning read; h1's Hub cache holds
+    the first layers, h2's the last, h0's nothing: every host still loads every file."""
+    model = write_tiny_model(tmp_path / "split", seed=11, **SHAPE)
+    expected = reference_tokens(model, PROMPT, MAX_TOKENS)
+    repo = "org/split"
+    meta = {p.name for p in model.iterdir() if is_metadata(p.name)}
+    first = set(local_files(model, range(0, 3)))
+    last = set(local_files(model, range(3, LAYERS))) - first
+    write_hub_cache(tmp_path / "hf", repo, model, only={"config.json", INDEX})
+    write_hub_cache(hosts.private_path(1, CACHE) / "huggingface", repo, model, meta | first)
+    write_hub_cache(hosts.private_path(2, CACHE) / "huggingface", repo, model, meta | last)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("MLX_CLUSTER_CACHE", str(tmp_path / "cache"))
+    cluster = _cluster(hosts, tmp_path)
+    done = cli("launch", str(cluster), "--json", "--model", repo, "--prompt", PROMPT,
+               "--max-tokens", str(MAX_TOKENS), "--strategy", "tensor", "--no-hub")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["tokens"] == expected
+    every = shard_files(model, "tensor", 0)
+    # h0 had nothing: it holds every file now, from h1 and h2 (neither has them all).
+    assert set(_repo_copies(hosts, 0)) == every
+    assert set(_repo_copies(hosts, 1)) == every - meta - first
+    assert set(_repo_copies(hosts, 2)) == every - meta - last
+    wait_until_empty(hosts, 10, time.monotonic())
+
+
+def _repo_copies(hosts: EmulatedHosts, i: int) -> list[str]:
+    root = hosts.private_path(i, CACHE) / "mlx-cluster" / "models"
+    return [p.name for p in root.glob("org--split-*/*") if not p.name.endswith(".lock")]

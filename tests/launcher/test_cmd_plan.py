@@ -186,7 +186,7 @@ def _bad_config(tmp_path: Path, text: str) -> Path:
         (["--local", "1", "--model", LLAMA, "--out", "{tmp}/a/b"], "its parent directory"),
         (
             ["--local", "1", "--model", "org/not-cached"],
-            "cannot reach the Hugging Face Hub for 'org/not-cached'",
+            "'org/not-cached' is not in the Hugging Face cache and the Hub is off",
         ),
     ],
 )
@@ -244,7 +244,7 @@ def test_unreachable_hub_fails_fast_in_one_line(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "mlx-cluster: error: cannot reach the Hugging Face Hub for 'org/somewhere' and it is not "
-        "in the cache: download it first with `hf download org/somewhere --include '*.json'` or "
-        "pass a local directory"
+        "mlx-cluster: error: 'org/somewhere' is not in the Hugging Face cache and cannot reach "
+        "the Hugging Face Hub: download it first with `hf download org/somewhere --include "
+        "'*.json'` or pass a local directory"
     ]

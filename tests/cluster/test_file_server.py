@@ -9,13 +9,13 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import pytest
 
-from launcher.share.server import ModelFileServer
+from cluster.file_server import ModelFileServer
 from topology.errors import InputError
 
 TOKEN = "s3cret-launch-token"
@@ -64,6 +64,16 @@ def model(tmp_path: Path) -> dict[str, Path]:
     return {n: (folder / n).resolve() for n in ("weights.safetensors", "config.json")}
 
 
+def _eventually(check: Callable[[], bool], within_s: float = 5.0) -> bool:
+    """The server counts and logs a response once it is sent: the client may be faster."""
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 @pytest.fixture
 def server(model: dict[str, Path]) -> Iterator[ModelFileServer]:
     with ModelFileServer(model, TOKEN, ["127.0.0.1"]) as s:
@@ -76,8 +86,9 @@ def test_full_get_is_the_file(server: ModelFileServer, model: dict[str, Path]) -
         assert status == 200
         assert body == path.read_bytes()
         assert headers["Content-Length"] == str(path.stat().st_size)
-    assert server.served_bytes() == {n: p.stat().st_size for n, p in model.items()}
-    assert [r[2] for r in server.requests] == [200, 200]
+    sizes = {n: p.stat().st_size for n, p in model.items()}
+    assert _eventually(lambda: server.served_bytes() == sizes), server.served_bytes()
+    assert _eventually(lambda: [r[2] for r in server.requests] == [200, 200]), server.requests
 
 
 def test_keep_alive_serves_several_files_on_one_connection(
@@ -107,7 +118,7 @@ def test_range_resumes(server: ModelFileServer, model: dict[str, Path]) -> None:
         url, "GET", path, {**AUTH, "Range": f"bytes={size - 5}-{size * 2}"}
     )
     assert (status, body) == (206, data[-5:])
-    assert ("weights.safetensors", "bytes=1000-", 206) in server.requests
+    assert _eventually(lambda: ("weights.safetensors", "bytes=1000-", 206) in server.requests)
 
 
 def test_head_gives_headers_only(server: ModelFileServer, model: dict[str, Path]) -> None:

@@ -1,4 +1,4 @@
-"""A read-only HTTP server for the model's files, run by the launcher while its ranks start.
+"""A read-only HTTP server for model files: the launcher's for its ranks, a rank's for its peers.
 
     GET|HEAD /files/<percent-encoded name>     Authorization: Bearer <token>
     Range: bytes=<start>- | bytes=<start>-<end>  (one range; 206 + Content-Range)
@@ -270,7 +270,7 @@ class _Handler(BaseHTTPRequestHandler):
                 sock.settimeout(self.timeout)
 
 
-def _sockaddr(address: str) -> tuple[int, tuple[Any, ...]]:
+def _sockaddr(address: str, port: int = 0) -> tuple[int, tuple[Any, ...]]:
     """The socket family and bind address for an IP literal; InputError for anything else."""
     try:
         ip = ipaddress.ip_address(address)
@@ -280,14 +280,17 @@ def _sockaddr(address: str) -> tuple[int, tuple[Any, ...]]:
         raise InputError(f"model file server: will not listen on every address ({address})")
     family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
     # getaddrinfo turns a scope ("fe80::1%en0") into the numeric scope id bind() needs.
-    info = socket.getaddrinfo(address, 0, family, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    info = socket.getaddrinfo(address, port, family, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
     return family, info[0][4]
 
 
 class ModelFileServer:
-    """Context manager; serves `files` (name -> absolute Path) on each address."""
+    """Context manager; serves `files` (name -> absolute Path) on each address (on `port`,
+    or any free port when 0)."""
 
-    def __init__(self, files: Mapping[str, Path], token: str, addresses: Sequence[str]) -> None:
+    def __init__(
+        self, files: Mapping[str, Path], token: str, addresses: Sequence[str], port: int = 0
+    ) -> None:
         if not token or not token.isascii():
             raise ValueError("model file server: a token (ASCII) is required")
         if not addresses:
@@ -295,6 +298,7 @@ class ModelFileServer:
         self._files = dict(files)
         self._token = token.encode("ascii")
         self._addresses = list(dict.fromkeys(addresses))  # each once, in order
+        self._port = port
         self._stats = _Stats()  # shared by every address: one chronological log
         self._servers: dict[str, _Server] = {}
         self._threads: list[threading.Thread] = []
@@ -302,7 +306,7 @@ class ModelFileServer:
     def __enter__(self) -> ModelFileServer:
         try:
             for address in self._addresses:
-                family, sockaddr = _sockaddr(address)
+                family, sockaddr = _sockaddr(address, self._port)
                 try:
                     server = _Server(sockaddr, family, self._files, self._token, self._stats)
                 except OSError as e:
