@@ -89,3 +89,12 @@ def remember_sha256(path: Path, sha256: str) -> None:
     real = path.resolve()
     with contextlib.suppress(OSError):
         _remember(real, _identity(real.stat()), sha256)
+
+
+def remembered(path: Path) -> bool:
+    """Is this version of the file's digest known (no hashing needed)?"""
+    real = path.resolve()
+    try:
+        return _cached(real, _identity(real.stat())) is not None
+    except OSError:
+        return False

@@ -272,6 +272,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+        shared = pull_together(args.pullers, cli, url, token, manifest_path, dest_root, args, env)
     shutil.rmtree(dest_root, ignore_errors=True)
 
     print(
@@ -307,7 +308,39 @@ def bench(args: argparse.Namespace, tmp: Path) -> int:
             f"sender CPU per GiB sent: raw {cpu[0] / gib:.2f} s, "
             f"ModelFileServer {cpu[1] / gib:.2f} s"
         )
+    if shared:
+        each = ", ".join(f"{bps / 1e6:.1f}" for bps in shared)
+        print(
+            f"{len(shared)} ranks pulling at once: {each} MB/s; slowest/fastest "
+            f"{min(shared) / max(shared):.2f}, together/raw {sum(shared) / medians[0]:.2f}"
+        )
     return 0 if ratio >= GOAL else 1
+
+
+def pull_together(
+    n: int,
+    cli: list[str],
+    url: str,
+    token: str,
+    manifest_path: Path,
+    dest_root: Path,
+    args: argparse.Namespace,
+    env: dict[str, str],
+) -> list[float]:
+    """N ranks fetching the same files from one server at once: each one's bytes/s."""
+    if n < 2:
+        return []
+    procs = []
+    for i in range(n):
+        fetch = [str(manifest_path), str(dest_root / f"together{i}"), str(args.parallel)]
+        cmd = role_cmd(cli, "share-fetch", url, token, *fetch)
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env))
+    rates = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=3600)
+        got = json.loads(out.strip().splitlines()[-1])
+        rates.append(got["bytes"] / got["seconds"])
+    return rates
 
 
 def main() -> int:
@@ -332,6 +365,9 @@ def main() -> int:
     parser.add_argument("--file-mib", type=int, default=256, help="size of each (default 256)")
     parser.add_argument("--reps", type=int, default=3, help="raw/ours pairs (default 3)")
     parser.add_argument("--parallel", type=int, default=4, help="client's files at a time")
+    parser.add_argument(
+        "--pullers", type=int, default=2, help="ranks pulling at once, for fairness (default 2)"
+    )
     parser.add_argument("--netns", action="store_true", help="two namespaces + veth (root)")
     parser.add_argument("--rate", help="with --netns: shape the link, e.g. 1gbit")
     parser.add_argument(

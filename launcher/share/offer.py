@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import secrets
 import socket
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from cluster.digests import remembered
 from cluster.file_server import ModelFileServer
 from cluster.job import RankJob
 from cluster.manifest import FileEntry, Manifest, folder_manifest
@@ -26,6 +28,7 @@ from launcher.share.holdings import host_holdings
 from topology.errors import InputError
 from topology.untrusted import load_json
 
+HASH_NOTICE_BYTES = 1 << 30
 SHARE_PORT_OFFSET = 400  # ring ports count up from --port one per address, heartbeats after
 
 
@@ -41,6 +44,7 @@ def model_offer(model: str, hub: bool) -> Offer | None:
     Face cache (its metadata completed from the Hub when allowed); None when it has nothing."""
     folder = Path(model)
     if folder.is_dir():
+        _say_hashing(folder)
         manifest, files = folder_manifest(folder)
         return Offer(manifest, files, None)
     from cluster.fetch import fetch_metadata
@@ -51,6 +55,18 @@ def model_offer(model: str, hub: bool) -> Offer | None:
         return None
     manifest, files = folder_manifest(snap.path, name=model.replace("/", "--"))
     return Offer(manifest, files, snap.path.name)
+
+
+def _say_hashing(folder: Path) -> None:
+    """A folder hashed for the first time can take minutes (~1-2 GB/s): say so first."""
+    new = [p for p in folder.iterdir() if p.is_file() and not remembered(p)]
+    size = sum(p.stat().st_size for p in new)
+    if size >= HASH_NOTICE_BYTES:
+        sys.stderr.write(
+            f"mlx-cluster: hashing {size / 1e9:.1f} GB of {folder} once, so every host loads "
+            "the same bytes\n"
+        )
+        sys.stderr.flush()
 
 
 def _url(address: str, port: int) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hub_cache import write_hub_cache
 
+from cluster.digests import remembered
 from cluster.file_server import ModelFileServer
 from cluster.inventory import holdings
 from cluster.manifest import folder_manifest
@@ -131,3 +132,12 @@ def test_inventory_reads_blob_names_and_refs_main(folder: Path, tmp_path: Path) 
     assert holdings(REPO, "0" * 40)[1].files == {}  # a commit this host lacks: nothing
     with pytest.raises(ValueError):
         holdings("../../etc", None)
+
+
+def test_a_folder_is_hashed_once_per_version(folder: Path) -> None:
+    weight = folder / "model-00000-of-00003.safetensors"
+    assert not remembered(weight)
+    folder_manifest(folder)
+    assert remembered(weight)  # the launcher's next look reads nothing
+    weight.write_bytes(b"\1" * 50_001)
+    assert not remembered(weight)
