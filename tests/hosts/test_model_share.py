@@ -27,7 +27,7 @@ from cluster.load import local_files
 from cluster.model_files import is_metadata
 from cluster.pipeline_stage import layer_range
 from cluster.tiny_model import write_tiny_model
-from hosts.launching import CLI, cli, rank_pids, reference_tokens, wait_until_empty
+from hosts.launching import CLI, cli, link_bytes, rank_pids, reference_tokens, wait_until_empty
 from hosts.netns import VENV_PYTHON, EmulatedHosts, require
 
 PROMPT = "Tell me about clusters"
@@ -107,7 +107,8 @@ def test_a_folder_only_h0_has_reaches_each_host_once(hosts: EmulatedHosts, tmp_p
     seen = str(_models(hosts) / "x3")  # the path on h0; h1 and h2 have nothing there
     assert not (hosts.private_path(1, _models(hosts)) / "x3").exists()
 
-    # Pipeline first: each host copies exactly its own layers' files.
+    # Pipeline first: each host copies exactly its own layers' files, over its cable to h0.
+    sent = {dev: link_bytes(hosts, 0, dev) for dev in ("tb1", "tb2", "lan0")}
     result = launch(hosts, cluster, seen, "pipeline")
     assert result["tokens"] == expected
     ranks = by_host(result)
@@ -115,6 +116,10 @@ def test_a_folder_only_h0_has_reaches_each_host_once(hosts: EmulatedHosts, tmp_p
     for i in (1, 2):
         assert set(copies(hosts, i)) == shard_files(model, "pipeline", ranks[i])
         assert result["copied"][ranks[i]]["files"] == len(copies(hosts, i))
+        copied = result["copied"][ranks[i]]["bytes"]
+        assert link_bytes(hosts, 0, f"tb{i}") - sent[f"tb{i}"] >= copied
+    lan = link_bytes(hosts, 0, "lan0") - sent["lan0"]  # ssh and the ranks' events only
+    assert lan < min(result["copied"][ranks[i]]["bytes"] for i in (1, 2)) / 2
     assert copies(hosts, 0) == {}
 
     # Tensor next: every rank loads every file; each host copies only what it still lacks.
