@@ -14,9 +14,11 @@ from __future__ import annotations
 import fnmatch
 import socket
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from cluster.cache import cache_root
 from cluster.fetch import (
@@ -32,6 +34,8 @@ from cluster.inventory import holdings
 from cluster.manifest import FileEntry, Manifest, is_model_file_name
 from cluster.peer_fetch import FetchReport, fetch_from_peers, verified
 from topology.errors import InputError
+
+PROBE_S = 2.0  # a connect on a cable or lan answers in milliseconds
 
 
 class MissingFiles(InputError):
@@ -226,7 +230,8 @@ class ModelFiles:
             self._missing(sorted(groups[()]), "and no host serves it")
         dest = self._copies()
         for urls, files in groups.items():
-            report = fetch_from_peers(urls, self.share.token, files, dest, self.progress)
+            ordered = reachable_first(urls)
+            report = fetch_from_peers(ordered, self.share.token, files, dest, self.progress)
             self.fetched = FetchReport(
                 self.fetched.files + report.files,
                 self.fetched.bytes + report.bytes,
@@ -257,6 +262,28 @@ class ModelFiles:
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         where = "no host of the cluster has" if self.share is not None else "this host lacks"
         raise MissingFiles(f"{self.model}: {where} {shown}{' ' + why if why else ''}")
+
+
+def reachable_first(urls: tuple[str, ...]) -> tuple[str, ...]:
+    """The URLs this host can connect to first, each group in the launcher's order (fastest
+    first): a peer's address on a cable to another host may route nowhere, or to a gateway
+    that swallows it, and each such try would cost a connect timeout per file."""
+    if len(urls) < 2:
+        return urls
+    with ThreadPoolExecutor(len(urls)) as pool:
+        ok = list(pool.map(_connects, urls))
+    return tuple(u for u, k in zip(urls, ok, strict=True) if k) + tuple(
+        u for u, k in zip(urls, ok, strict=True) if not k
+    )
+
+
+def _connects(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "", parts.port or 80), PROBE_S):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def serve_own_files(model: str, share: PeerShare) -> list[ModelFileServer]:

@@ -5,6 +5,7 @@ its own copy when it matches the manifest, else the hosts that serve each file, 
 from __future__ import annotations
 
 import secrets
+import socket
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -17,7 +18,7 @@ from cluster.digests import remembered
 from cluster.file_server import ModelFileServer
 from cluster.inventory import holdings
 from cluster.manifest import folder_manifest
-from cluster.model_files import MissingFiles, ModelFiles, PeerShare
+from cluster.model_files import MissingFiles, ModelFiles, PeerShare, reachable_first
 
 REPO = "org/model"
 TOKEN = secrets.token_urlsafe(16)
@@ -141,3 +142,13 @@ def test_a_folder_is_hashed_once_per_version(folder: Path) -> None:
     assert remembered(weight)  # the launcher's next look reads nothing
     weight.write_bytes(b"\1" * 50_001)
     assert not remembered(weight)
+
+
+def test_urls_this_host_cannot_reach_go_last(servers: ExitStack, folder: Path) -> None:
+    _, where = folder_manifest(folder)
+    live = serve(servers, where)
+    with socket.socket() as s:  # a port nobody listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert reachable_first((dead, live)) == (live, dead)
+    assert reachable_first((live, dead)) == (live, dead)
