@@ -1,7 +1,8 @@
-"""A rank copies the model files its shard needs from the launching host, over HTTP.
+"""A rank copies the model files its shard needs from the hosts that serve them, over HTTP.
 
-The launching host downloads a model once and serves it to its ranks (cluster/file_server.py);
-a rank on another host fetches only the files it reads, into cache_root()/models/<folder>/.
+The launching host (and any host holding files it lacks) serves the model to the ranks
+(cluster/file_server.py); a rank fetches only the files it reads, into
+cache_root()/models/<folder>/.
 Every file is checked against the manifest's sha256 before it is used, a cut transfer resumes
 from what its `.part` file holds (on the next source, or at the next launch), and a per-file
 lock makes two ranks on one host fetch each file once. Receiving overlaps with hashing and
@@ -80,7 +81,7 @@ def fetch_from_peers(
     if not todo:
         return FetchReport(0, 0, 0)
     if not sources:
-        raise InputError("cannot fetch model files: no address of the launching host is known")
+        raise InputError("cannot fetch model files: no address of a host serving them is known")
     for source in sources:
         _address(source)
     try:
@@ -258,7 +259,7 @@ class _Fetch:
                         path.unlink()
                     raise InputError(
                         f"{name} from {source} does not match the model's manifest, twice "
-                        "(its sha256 differs): the file changed on the launching host, or the "
+                        "(its sha256 differs): the file changed on the host serving it, or the "
                         "network corrupts data"
                     )
                 mismatched = True
@@ -300,7 +301,7 @@ class _Fetch:
             elif (budget := budget - 1) <= 0:
                 raise InputError(
                     f"cannot fetch {name} from {', '.join(tried)} ({why}): check that the "
-                    "launching host is reachable from this host"
+                    "host serving it is reachable from this host"
                 )
 
     def _attempt(self, source: str, name: str, entry: FileEntry, part: _Part) -> None:
@@ -359,15 +360,15 @@ class _Fetch:
         elif status == 416:
             raise InputError(
                 f"{source} holds fewer than the {entry.size} bytes of {name} the model's "
-                "manifest says (did the model change on the launching host?)"
+                "manifest says (did the model change on the host serving it?)"
             )
         else:
             raise _Cut(f"HTTP {status}{_error_text(response)}")
         if size != str(entry.size):
             raise InputError(
                 f"{source} serves {name} with {size or 'an unknown number of'} bytes, the "
-                f"model's manifest says {entry.size} (did the model change on the launching "
-                "host?)"
+                f"model's manifest says {entry.size} (did the model change on the host "
+                "serving it?)"
             )
 
     def _stream(

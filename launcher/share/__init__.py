@@ -1,1 +1,1 @@
-"""Model distribution: the launching host serves the model's files to its ranks."""
+"""Model distribution: what the launching host offers its ranks, and which host serves what."""

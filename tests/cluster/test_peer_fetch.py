@@ -350,7 +350,7 @@ def test_no_reachable_source_is_one_line_naming_the_file_and_sources(tmp_path: P
         fetch_from_peers(sources, TOKEN, wanted, tmp_path / "dest")
     message = str(e.value)
     assert message.startswith(f"cannot fetch config.json from {sources[0]}, {sources[1]} (")
-    assert "launching host is reachable" in message and "\n" not in message
+    assert "host serving it is reachable" in message and "\n" not in message
 
 
 def test_refusals_are_one_line_errors(server: Server, served: Served, tmp_path: Path) -> None:
