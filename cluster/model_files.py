@@ -30,7 +30,7 @@ from cluster.fetch import (
     fetch_metadata,
 )
 from cluster.file_server import ModelFileServer
-from cluster.inventory import holdings
+from cluster.inventory import holdings, repo_folder
 from cluster.manifest import FileEntry, Manifest, is_model_file_name
 from cluster.peer_fetch import FetchReport, fetch_from_peers, verified
 from topology.errors import InputError
@@ -205,10 +205,7 @@ class ModelFiles:
     def _cached_snapshot(self) -> Path | None:
         """The Hub cache's folder of the launcher's commit (else of the one found here)."""
         if self.share is not None and self.share.revision:
-            from huggingface_hub import constants
-
-            repo_dir = "models--" + self.model.replace("/", "--")
-            return Path(constants.HF_HUB_CACHE) / repo_dir / "snapshots" / self.share.revision
+            return repo_folder(self.model) / "snapshots" / self.share.revision
         return self.snapshot.path if self.snapshot is not None else None
 
     def _copies(self) -> Path:
