@@ -44,8 +44,9 @@ class RankJob:
     # The links this rank's guard heartbeats (its collectives' peers): cluster/rank_guard.py.
     links: list[dict[str, Any]] = field(default_factory=list)
     # Model files this host lacks, and who serves them (launcher/share/offer.py): {"token",
-    # "manifest": cluster/manifest.py's JSON, "revision": Hub commit|None, "sources": [{"urls":
-    # [base URL, fastest first], "files": [name]}], "serve"?: {"port", "addresses", "files"}}.
+    # "manifest": cluster/files/manifest.py's JSON, "revision": Hub commit|None, "sources":
+    # [{"urls": [base URL, fastest first], "files": [name]}], "serve"?: {"port", "addresses",
+    # "files"}}.
     share: dict[str, Any] | None = None
     hub: bool = True  # may the rank download from the Hugging Face Hub (`--no-hub`: no)
     mode: str = "generate"  # "generate" | "serve" | "bench"

@@ -7,7 +7,7 @@ this rank's safetensors files, so mlx-lm's loader (which globs model*.safetensor
 exactly those; each layer is then materialised in turn so loading can report progress.
 Files are found as mlx-lm's sharded_load does, metadata first, then only this rank's
 safetensors files: on this host, from the launching host, or from the Hub
-(cluster/model_files.py).
+(cluster/files/model_files.py).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import _get_classes, load_config, load_model, load_tokenizer
 
-from cluster.fetch import DownloadProgress
+from cluster.files.hub_fetch import DownloadProgress
+from cluster.files.model_files import MissingFiles, ModelFiles, PeerShare
+from cluster.files.peer_fetch import FetchReport
 from cluster.job import RankJob
-from cluster.model_files import MissingFiles, ModelFiles, PeerShare
-from cluster.peer_fetch import FetchReport
 from cluster.pipeline_stage import PipelineStage, check_generic, layer_range
 from topology.errors import InputError
 from topology.untrusted import load_json, show

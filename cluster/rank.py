@@ -126,7 +126,7 @@ def _start_guard(job: RankJob) -> None:
 def run(job: RankJob, reporter: Reporter, text_out: TextIO) -> None:
     """Initialise, load, decode and say "done"; raises on failure."""
     from cluster.distributed import init_group, job_environment
-    from cluster.model_files import PeerShare, serve_own_files
+    from cluster.files.model_files import PeerShare, serve_own_files
 
     # This host's files the other ranks lack, served from the start (before the group forms,
     # so they are there when a peer asks); they live as long as this rank.

@@ -6,8 +6,8 @@
 In one run, on the same link, alternating (raw, ours, raw, ours, ...):
   raw   one TCP connection; the sender sendfile()s the files back to back, the receiver reads
         into a buffer and throws it away: what the link carries at best.
-  ours  cluster/file_server.py's ModelFileServer and the rank's cluster.peer_fetch client
-        (`--parallel` files at a time), written to a fresh folder and sha256-checked.
+  ours  cluster/files/file_server.py's ModelFileServer and the rank's cluster.files.peer_fetch
+        client (`--parallel` files at a time), written to a fresh folder and sha256-checked.
 and prints ours/raw (the goal is >= 0.80). Default link: loopback. `--netns` puts the senders
 and the receivers in two network namespaces joined by a veth pair (needs root), and `--rate`
 shapes the senders' side with a tbf qdisc to emulate a slower link; the namespaces are always
@@ -71,7 +71,7 @@ def role_raw_recv(host: str, port: int) -> None:
 
 def role_share_serve(bind: str, token: str, files: list[str]) -> None:
     """Serve until stdin closes (the orchestrator holds it open)."""
-    from cluster.file_server import ModelFileServer
+    from cluster.files.file_server import ModelFileServer
 
     with ModelFileServer({Path(f).name: Path(f) for f in files}, token, [bind]) as server:
         print(server.url(bind), flush=True)
@@ -100,8 +100,8 @@ def role_share_recv(url: str, token: str, names: list[str]) -> None:
 
 
 def role_share_fetch(url: str, token: str, manifest: str, dest: str, parallel: int) -> None:
-    from cluster.manifest import FileEntry
-    from cluster.peer_fetch import fetch_from_peers
+    from cluster.files.manifest import FileEntry
+    from cluster.files.peer_fetch import fetch_from_peers
 
     raw: dict[str, list[Any]] = json.loads(Path(manifest).read_text())
     wanted = {name: FileEntry(size, digest) for name, (size, digest) in raw.items()}
@@ -221,7 +221,7 @@ def stop(proc: subprocess.Popen[str], stdin: IO[str] | None) -> None:
 def bench(args: argparse.Namespace, tmp: Path) -> int:
     env = {**os.environ, "MLX_CLUSTER_CACHE": str(tmp / "cache"), "PYTHONPATH": str(ROOT)}
     os.environ["MLX_CLUSTER_CACHE"] = env["MLX_CLUSTER_CACHE"]  # folder_manifest's digests
-    from cluster.manifest import folder_manifest
+    from cluster.files.manifest import folder_manifest
 
     files = make_files(tmp / "src", args.files, args.file_mib)
     manifest, _ = folder_manifest(tmp / "src")
@@ -285,7 +285,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> int:
     )
     print()
     print("server only: ModelFileServer to a client that reads and discards (no hash, no write)")
-    print("ours: ModelFileServer + cluster.peer_fetch (hash, write, fsync, rename)")
+    print("ours: ModelFileServer + cluster.files.peer_fetch (hash, write, fsync, rename)")
     print()
     print("| rep | raw TCP MB/s | server only MB/s | ours MB/s | server only/raw | ours/raw |")
     print("|---:|---:|---:|---:|---:|---:|")

@@ -25,6 +25,10 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present:
 # One JSON token that matters for depth: a whole string (possessive: linear, no backtracking),
 # a lone quote (an unterminated string: nothing after it parses), or a bracket.
 _JSON_TOKEN = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"|"|[\[\]{}]', re.DOTALL)
+# YAML tokens that matter for flow depth: quoted scalars ('' escapes a quote), comments, brackets.
+_YAML_FLOW_TOKEN = re.compile(
+    r'"[^"\\]*+(?:\\.[^"\\]*+)*+"|\'[^\']*+(?:\'\'[^\']*+)*+\'|#[^\n]*+|[\[\]{}]', re.DOTALL
+)
 
 
 class Refused(ValueError):
@@ -113,8 +117,32 @@ def load_json(data: bytes | str, source: str, *, max_bytes: int, max_depth: int 
         raise InputError(f"{source}: {e}") from None
 
 
+def _yaml_flow_depth(text: str) -> int:
+    """The deepest nesting of `[` and `{` outside quoted scalars and comments."""
+    depth = deepest = 0
+    for m in _YAML_FLOW_TOKEN.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
 def _yaml_events_ok(text: str, max_depth: int) -> None:
     """Refuse anchors, aliases and deep nesting from the event stream, before anything is built."""
+    try:
+        _walk_yaml_events(text, max_depth)
+    except yaml.YAMLError:
+        # libyaml may look far ahead in flow collections and refuse deep nesting itself, with
+        # its own limit and wording (PyYAML 6.0.4): say ours whenever the brackets explain it.
+        if _yaml_flow_depth(text) > max_depth:
+            raise Refused(f"nested more than {max_depth} levels deep") from None
+        raise
+
+
+def _walk_yaml_events(text: str, max_depth: int) -> None:
     depth = 0
     for event in yaml.parse(text, Loader=_LOADER):
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from cluster.cache import cache_root
+from cluster.files.cache import cache_root
 from launcher.cli.launch import run_launch, summary_line
 from launcher.cli.options import PROMPT, TOKENS
 from launcher.ranks.jobs import Generation

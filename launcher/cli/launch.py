@@ -125,7 +125,7 @@ class _LoadingDisplay:
         name = event.get("event")
         if name == "loading":
             self.done[rank] = f"{event.get('layers_done', '?')}/{event.get('layers_total', '?')}"
-        elif name == "progress" and event.get("stage") == "download":  # cluster/fetch.py
+        elif name == "progress" and event.get("stage") == "download":  # cluster/files/hub_fetch.py
             self.done[rank] = self._copying(rank, event)
         elif name in ("init", "load", "decode"):
             self.done[rank] = {"init": "connecting", "load": "loading", "decode": "ready"}[name]

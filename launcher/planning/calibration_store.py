@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cluster.cache import CACHE_ENV, cache_root
+from cluster.files.cache import CACHE_ENV, cache_root
 from topology.errors import InputError
 from topology.planning.calibration import Calibration
 from topology.untrusted import load_json

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from cluster.fetch import hub_reachable
+from cluster.files.hub_fetch import hub_reachable
 from topology.errors import InputError
 from topology.model.spec import ModelSpec, spec_from_config
 from topology.untrusted import load_json

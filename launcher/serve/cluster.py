@@ -1,7 +1,7 @@
-"""What `mlx-cluster serve`'s HTTP side talks to: the ranks (runner.py) and the requests open
-on them (tickets.py). A request becomes a ticket and one JSON line on rank 0's stdin; a client
-that goes away withdraws it with one `{"cancel": id}` line; /health reports whether the ranks are
-serving and answering.
+"""What `mlx-cluster serve`'s HTTP side talks to: the ranks (runner.py, their state in
+rank_state.py) and the requests open on them (tickets.py). A request becomes a ticket and one
+JSON line on rank 0's stdin; a client that goes away withdraws it with one `{"cancel": id}` line;
+/health reports whether the ranks are serving and answering.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ SILENT_RANK_S = 3.0  # /health: a rank heard from longer ago than this is not "a
 class ServeCluster:
     def __init__(self, runner: RankRunner, tickets: Tickets) -> None:
         self.runner, self.tickets = runner, tickets
+        self.state = runner.state
         self.deadlines = runner.deadlines
         self._send_lock = threading.Lock()
 
@@ -37,15 +38,15 @@ class ServeCluster:
     def submit(self, request: GenerateRequest, loop: asyncio.AbstractEventLoop) -> Ticket:
         """Queue a request on rank 0 (its events go to `loop`); Unavailable / Busy (tickets.py)
         when it cannot be taken. Blocking (a pipe write): the HTTP side calls it off its loop."""
-        runner = self.runner
-        with runner.changed:
+        state = self.state
+        with state.changed:
             # A host came back: new requests wait (bounded) while the running ones finish and
             # the ranks restart on the larger plan.
-            if runner.rejoining:
-                runner.changed.wait_for(lambda: not runner.rejoining, REJOIN_WAIT_S)
-            rank0 = runner.rank0
-            if runner.status != "ready" or rank0 is None:
-                raise Unavailable(runner.reason)
+            if state.rejoining:
+                state.changed.wait_for(lambda: not state.rejoining, REJOIN_WAIT_S)
+            rank0 = state.rank0
+            if state.status != "ready" or rank0 is None:
+                raise Unavailable(state.reason)
             ticket = self.tickets.open(new_id(request.kind), loop, choices=request.n)
         line = request.rank_line(ticket.id, seed=random.randrange(2**31))
         with self._send_lock:  # one writer at a time: lines must not interleave
@@ -60,9 +61,9 @@ class ServeCluster:
         leaves the batch within one step). Nothing to send when the request already ended."""
         if not self.tickets.drop(ticket.id):
             return
-        runner = self.runner
-        with runner.changed:
-            rank0 = runner.rank0 if runner.status == "ready" else None
+        state = self.state
+        with state.changed:
+            rank0 = state.rank0 if state.status == "ready" else None
         if rank0 is None:
             return  # the ranks are gone or restarting: the request went with them
         line = json.dumps({"cancel": ticket.id}, separators=(",", ":")) + "\n"
@@ -81,19 +82,19 @@ class ServeCluster:
 
     def ranks_up(self) -> int:
         """The current plan's rank count while serving, else 0 (for /metrics)."""
-        runner = self.runner
-        with runner.changed:
-            target = runner.target
-            return len(target.plan.ranks) if runner.status == "ready" and target else 0
+        state = self.state
+        with state.changed:
+            target = state.target
+            return len(target.plan.ranks) if state.status == "ready" and target else 0
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        runner = self.runner
-        with runner.changed:
-            target = runner.target
-            if runner.status != "ready" or target is None:
-                return False, {"status": runner.status, "reason": runner.reason}
+        state = self.state
+        with state.changed:
+            target = state.target
+            if state.status != "ready" or target is None:
+                return False, {"status": state.status, "reason": state.reason}
             now = time.monotonic()
-            silent = [r for r, t in enumerate(runner.heard) if now - t > SILENT_RANK_S]
+            silent = [r for r, t in enumerate(state.heard) if now - t > SILENT_RANK_S]
             if silent:
                 reason = f"rank(s) {silent} silent for more than {SILENT_RANK_S:.0f} s"
                 return False, {"status": "unresponsive", "reason": reason}

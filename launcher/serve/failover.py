@@ -4,13 +4,17 @@
 answering ssh or, when all answer, the host of the rank that failed. The planner
 (topology/planning/plan.py, through launcher/ranks/target.py) then chooses: tensor over fewer
 ranks, or pipeline when tensor no longer divides or fits. The user's strategy and backend are tried
-first, then "auto" for both (a jaccl mesh may have lost its only RDMA path: ring works).
+first, then "auto" for both (a jaccl mesh may have lost its only RDMA path: ring works). When no
+host would remain or no plan fits, Failover restarts on every host again, after a back-off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -20,6 +24,8 @@ from launcher.ranks.target import LaunchTarget, PlanRefused, cluster_target, loc
 from topology.cluster_file import ClusterSpec, HostSpec
 from topology.errors import InputError
 
+Log = Callable[[str], None]
+MAX_BACKOFF_S = 30.0  # restarts on the same hosts wait 1, 2, 4 … s, then this long each time
 # Kill a leftover rank by pid, but only if that pid is still a rank (ps works on macOS and Linux).
 _KILL_RANK = 'ps -p "$1" -o command= | grep -q cluster.rank && kill -9 "$1"; true'
 
@@ -118,3 +124,71 @@ def describe(target: LaunchTarget) -> str:
 def lost_host(target: LaunchTarget, rank: int) -> str:
     ranks = target.plan.ranks
     return ranks[rank].host if 0 <= rank < len(ranks) else "?"
+
+
+@dataclass(frozen=True)
+class PlanChange:
+    """A failure or a return being recovered from, for the log line once serving again."""
+
+    what: str  # "rank 1 (local1) died", "h2 is back"
+    before: str  # "tensor ×2"
+    since: float  # time.monotonic() when it began
+    back: bool = False  # a host came back: the plan grows
+
+    def done(self, now: str) -> str:
+        """The log line once the ranks serve as `now` ("tensor ×3")."""
+        took = time.monotonic() - self.since
+        if self.back:
+            return f"{self.what}: {self.before} → {now} in {took:.1f} s"
+        return f"{self.what}; re-planned {self.before} → {now} in {took:.1f} s; serving again"
+
+
+class Failover:
+    """After a job failed: which hosts to leave out, and the plan to restart on."""
+
+    def __init__(
+        self,
+        source: ServeSource,
+        log: Log,
+        stop: threading.Event,
+        set_status: Callable[[str, str], None],
+    ) -> None:
+        self.source = source  # the hosts serving now: fewer after a failover, more after a rejoin
+        self._log, self._stop, self._set_status = log, stop, set_status
+        self._restarts = 0  # restarts on the same hosts since the last ready (the back-off)
+
+    def serving(self) -> None:
+        """The ranks are ready again: the next failure's back-off starts over."""
+        self._restarts = 0
+
+    def lost(self, target: LaunchTarget, rank: int, pids: dict[int, int]) -> tuple[list[str], str]:
+        """The hosts to leave out after `rank` failed, and what happened to them (for the log)."""
+        lost, unreachable = self.source.lost_hosts(target, rank, pids)
+        if unreachable:
+            return lost, f"{', '.join(lost)} stopped answering"
+        return lost, f"rank {rank} ({lost[0]}) died"
+
+    def next_target(self, lost: list[str], reason: str) -> LaunchTarget | None:
+        """The plan to restart on: the hosts that remain, or, when none would (the last host,
+        `--local 1`) or no plan fits on them, every host again after a back-off, for as long as
+        it takes (a failed job is never the end of serving). None once serve is stopping."""
+        fewer = self.source.without(lost)
+        if fewer.has_hosts():
+            self._log(f"{reason}; re-planning on the hosts that remain")
+            try:
+                target = fewer.replan()
+                self.source = fewer
+                return target
+            except (PlanRefused, InputError) as e:
+                self._log(f"no plan fits on the hosts that remain ({e})")
+        while True:
+            self._restarts += 1
+            wait_s = min(MAX_BACKOFF_S, 2.0 ** (self._restarts - 1))
+            self._log(f"{reason}; restarting on the same hosts in {wait_s:.0f} s")
+            self._set_status("restarting", f"restarting in {wait_s:.0f} s after: {reason}")
+            if self._stop.wait(wait_s):
+                return None
+            try:
+                return self.source.replan()
+            except (PlanRefused, InputError) as e:
+                reason = f"no plan fits: {e}"

@@ -1,4 +1,4 @@
-"""Ask the cluster's hosts what they hold of a Hugging Face repo (cluster/inventory.py over ssh).
+"""Ask every host over ssh what it holds of a Hugging Face repo (cluster/files/inventory.py).
 
 Used when the launching host lacks some of a repo's files: a host whose Hub cache has them
 serves them to the other ranks. One ssh round to every host at once, each answer read through
@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from cluster.manifest import FileEntry, Manifest
+from cluster.files.manifest import FileEntry, Manifest
 from launcher.hosts.ssh import ssh_argv
 from topology.cluster_file import ClusterSpec, HostSpec
 from topology.errors import InputError
@@ -25,7 +25,7 @@ _MAX_ANSWER = 64 << 20  # a 1000-file repo's answer is ~100 KB
 def _ask(
     cluster: ClusterSpec, host: HostSpec, repo: str, revision: str | None
 ) -> tuple[str | None, dict[str, FileEntry]]:
-    argv = ssh_argv(cluster, host, [cluster.python_for(host), "-m", "cluster.inventory"])
+    argv = ssh_argv(cluster, host, [cluster.python_for(host), "-m", "cluster.files.inventory"])
     line = json.dumps({"repo": repo, "revision": revision}) + "\n"
     try:
         done = subprocess.run(

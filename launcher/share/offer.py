@@ -3,7 +3,7 @@
 A rank on another host gets, in its job, the model's manifest, a per-launch token and who
 serves which files: first this host's file servers, at the addresses this host reaches the
 rank's host from (the hostfile's, i.e. its Thunderbolt links, first; then its ssh address),
-bound to exactly those (cluster/file_server.py); then, for a repo this host lacks files of,
+bound to exactly those (cluster/files/file_server.py); then, for a repo this host lacks files of,
 the other ranks whose hosts' Hub caches hold them (launcher/share/holdings.py), each serving
 them on share_port. Ranks on this host read the files directly and get no share.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cluster.digests import remembered
-from cluster.file_server import ModelFileServer
+from cluster.files.digests import remembered
+from cluster.files.file_server import ModelFileServer
+from cluster.files.manifest import FileEntry, Manifest, folder_manifest
 from cluster.job import RankJob
-from cluster.manifest import FileEntry, Manifest, folder_manifest
 from launcher.ranks.jobs import DEFAULT_PORT
 from launcher.ranks.target import LaunchTarget, rank_host
 from launcher.share.holdings import host_holdings
@@ -47,7 +47,7 @@ def model_offer(model: str, hub: bool) -> Offer | None:
         _say_hashing(folder)
         manifest, files = folder_manifest(folder)
         return Offer(manifest, files, None)
-    from cluster.fetch import fetch_metadata
+    from cluster.files.hub_fetch import fetch_metadata
 
     try:
         snap = fetch_metadata(model, online=hub)

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from hub_cache import write_hub_cache
 
+from cluster.files.model_files import is_metadata
 from cluster.load import local_files
-from cluster.model_files import is_metadata
 from cluster.pipeline_stage import layer_range
 from cluster.tiny_model import write_tiny_model
 from hosts.launching import CLI, cli, link_bytes, rank_pids, reference_tokens, wait_until_empty

@@ -113,7 +113,9 @@ def mutations(rng: random.Random, valid: bytes, n: int = 40) -> dict[str, bytes]
 def _child(target: str, work: Path, seed: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root / "tests"))  # synth; this folder (fuzz_targets) is already there
+    # tests/ for synth (this folder, for fuzz_targets, is already there); the repo too, or
+    # tests/cluster (no __init__.py) is taken for the package and hides cluster.files.
+    sys.path[:0] = [str(root / "tests"), str(root)]
     import fuzz_targets
 
     from topology.errors import InputError

@@ -9,7 +9,9 @@ import re
 from typing import Any
 
 import pytest
+import yaml
 
+from topology import untrusted
 from topology.cluster_file import parse_cluster
 from topology.errors import InputError, one_line
 from topology.model.spec import spec_from_config
@@ -71,6 +73,37 @@ def test_yaml_aliases_are_refused_before_anything_expands() -> None:
     with pytest.raises(Refused, match="character '\\\\x00' at offset 3"):
         parse_yaml("x: \x00")
     assert parse_yaml("a: [1, {b: c}]") == {"a": [1, {"b": "c"}]}
+
+
+LOADERS = [yaml.SafeLoader] + ([yaml.CSafeLoader] if hasattr(yaml, "CSafeLoader") else [])
+
+
+@pytest.mark.parametrize("loader", LOADERS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100_000,  # libyaml (PyYAML 6.0.4) refuses this itself, past its own flow limit
+        "hosts: " + "[" * 100_000,
+        "{a: " * 2_000,
+        "[" * 33 + "]" * 33,
+        "".join(" " * i + "a:\n" for i in range(1_000)),
+        "- " * 50_000 + "x",
+    ],
+    ids=["flow", "flow-after-key", "flow-maps", "just-over", "block", "dashes"],
+)
+def test_deep_yaml_is_our_one_line_whatever_the_parser(
+    text: str, loader: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The contract is our line, not the wording of whichever YAML parser is installed.
+    monkeypatch.setattr(untrusted, "_LOADER", loader)
+    with pytest.raises(Refused, match=r"^nested more than 32 levels deep$"):
+        parse_yaml(text)
+    assert parse_yaml("a: '" + "[" * 40 + "' # " + "{" * 40 + "\nb: [[1]]") == {
+        "a": "[" * 40,
+        "b": [[1]],
+    }
+    with pytest.raises(Refused, match="not valid YAML"):  # a broken file stays a syntax error
+        parse_yaml("a: [b, c\n")
 
 
 def test_sizes_and_utf8_are_named_with_the_source() -> None:

@@ -1,5 +1,6 @@
-"""Where a rank's files come from (cluster/model_files.py), with real file servers on loopback:
-its own copy when it matches the manifest, else the hosts that serve each file, else the Hub.
+"""Where a rank's files come from (cluster/files/model_files.py), with real file servers on
+loopback: its own copy when it matches the manifest, else the hosts that serve each file, else
+the Hub.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import Any
 import pytest
 from hub_cache import write_hub_cache
 
-from cluster.digests import remembered
-from cluster.file_server import ModelFileServer
-from cluster.inventory import holdings
-from cluster.manifest import folder_manifest
-from cluster.model_files import MissingFiles, ModelFiles, PeerShare, reachable_first
+from cluster.files.digests import remembered
+from cluster.files.file_server import ModelFileServer
+from cluster.files.inventory import holdings
+from cluster.files.manifest import folder_manifest
+from cluster.files.model_files import MissingFiles, ModelFiles, PeerShare, reachable_first
 
 REPO = "org/model"
 TOKEN = secrets.token_urlsafe(16)

@@ -1,9 +1,9 @@
 """A rank copies model files from a real local HTTP server speaking the launcher's protocol.
 
-The server here is a minimal stand-in for cluster/file_server.py (GET /files/<name> with a
+The server here is a minimal stand-in for cluster/files/file_server.py (GET /files/<name> with a
 bearer token and `Range: bytes=<start>-`) that can throttle, cut, stall or corrupt its answers
 and logs every request, so what a fetch transferred is read from its log. Interrupted fetches
-run in child processes that are killed for real. Also: cluster/digests.py's remembered sha256.
+run in child processes that are killed for real. Also: cluster/files/digests.py's remembered sha256.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from paths import ROOT
 
-from cluster import peer_fetch
-from cluster.digests import file_sha256, remember_sha256
-from cluster.fetch import DownloadStep
-from cluster.manifest import FileEntry
-from cluster.peer_fetch import FetchReport, fetch_from_peers, verified
+from cluster.files import hub_fetch, peer_transfer
+from cluster.files.digests import file_sha256, remember_sha256
+from cluster.files.hub_fetch import DownloadStep
+from cluster.files.manifest import FileEntry
+from cluster.files.peer_fetch import FetchReport, fetch_from_peers, verified
 from topology.errors import InputError
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret"
 MiB = 1 << 20
 
@@ -186,9 +186,9 @@ def child_fetch(
         "import json, sys\n"
         "from dataclasses import asdict\n"
         "from pathlib import Path\n"
-        "from cluster import peer_fetch\n"
-        "from cluster.manifest import FileEntry\n"
-        f"peer_fetch.BUFFER = {buffer}\n"
+        "from cluster.files import peer_fetch, peer_transfer\n"
+        "from cluster.files.manifest import FileEntry\n"
+        f"peer_transfer.BUFFER = {buffer}\n"
         f"wanted = {{n: FileEntry(*e) for n, e in {entries!r}.items()}}\n"
         f"report = peer_fetch.fetch_from_peers([{url!r}], {TOKEN!r}, wanted, "
         f"Path({str(dest)!r}), parallel={parallel})\n"
@@ -319,8 +319,8 @@ def test_a_part_file_that_cannot_be_resumed_is_fetched_whole(
 def test_a_stalled_transfer_resumes_on_the_next_source(
     server: Server, served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(peer_fetch, "READ_TIMEOUT_S", 0.5)
-    monkeypatch.setattr(peer_fetch, "BUFFER", 256 * 1024)
+    monkeypatch.setattr(peer_transfer, "READ_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(peer_transfer, "BUFFER", 256 * 1024)
     name = "model-00001-of-00002.safetensors"
     served.stall[name] = MiB + 100  # the last 100 bytes never fill a buffer: lost to the cut
     wanted = {name: manifest(served.files)[name]}
@@ -380,7 +380,7 @@ def test_two_processes_on_one_host_fetch_each_file_once(
     first = start_child(child_fetch(server.url, wanted, dest, 256 * 1024, parallel=2))
     # The second starts while the first is receiving the largest file.
     wait_for_bytes(dest / "model-00001-of-00002.safetensors.part", first)
-    second = start_child(child_fetch(server.url, wanted, dest, peer_fetch.BUFFER))
+    second = start_child(child_fetch(server.url, wanted, dest, peer_transfer.BUFFER))
     outs = [c.communicate(timeout=30)[0] for c in (first, second)]
     assert [first.returncode, second.returncode] == [0, 0]
     reports = [FetchReport(**json.loads(out)) for out in outs]
@@ -392,7 +392,7 @@ def test_two_processes_on_one_host_fetch_each_file_once(
 def test_progress_reports_each_file_start_growth_and_end(
     server: Server, served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(peer_fetch.hub_fetch, "TICK_S", 0.05)
+    monkeypatch.setattr(hub_fetch, "TICK_S", 0.05)
     served.rate = 16 * MiB
     wanted = manifest(served.files)
     steps: list[DownloadStep] = []

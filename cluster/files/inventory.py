@@ -1,6 +1,6 @@
 """What this host holds of a Hugging Face repo, for the launcher to share it across the cluster.
 
-`python -m cluster.inventory` reads one JSON line on stdin, {"repo", "revision"} (revision
+`python -m cluster.files.inventory` reads one JSON line on stdin, {"repo", "revision"} (revision
 None: the cache's main), and prints one: {"revision", "files": {name: [size, sha256]}} for the
 files of that commit in this host's Hugging Face cache. The cache names weight blobs by their
 sha256, so no weight is read. A rank serving its host's files to its peers finds them here too.
@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from cluster.manifest import Manifest, folder_manifest
+from cluster.files.manifest import Manifest, folder_manifest
 
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 COMMIT = re.compile(r"[0-9a-f]{40}")

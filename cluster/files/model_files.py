@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from cluster.cache import cache_root
-from cluster.fetch import (
+from cluster.files.cache import cache_root
+from cluster.files.file_server import ModelFileServer
+from cluster.files.hub_fetch import (
     META_PATTERNS,
     WEIGHTS,
     DownloadProgress,
@@ -29,10 +30,9 @@ from cluster.fetch import (
     fetch_files,
     fetch_metadata,
 )
-from cluster.file_server import ModelFileServer
-from cluster.inventory import holdings, repo_folder
-from cluster.manifest import FileEntry, Manifest, is_model_file_name
-from cluster.peer_fetch import FetchReport, fetch_from_peers, verified
+from cluster.files.inventory import holdings, repo_folder
+from cluster.files.manifest import FileEntry, Manifest, is_model_file_name
+from cluster.files.peer_fetch import FetchReport, fetch_from_peers, verified
 from topology.errors import InputError
 
 PROBE_S = 2.0  # a connect on a cable or lan answers in milliseconds
@@ -321,7 +321,7 @@ def _own_addresses(addresses: Iterable[str]) -> list[str]:
 
 def _matches(path: Path, entry: FileEntry) -> bool:
     """Is `path` the manifest's file? A Hugging Face blob is named by its sha256 (checked by
-    the Hub when it arrived); any other file is hashed, once per version (cluster/digests.py)."""
+    the Hub when it arrived); any other file is hashed, once per version (digests.py)."""
     real = path.resolve()
     if real.parent.name == "blobs" and len(real.name) == 64:
         return real.name == entry.sha256 and real.stat().st_size == entry.size

@@ -1,7 +1,7 @@
 """Ranks download a Hugging Face repo from a real local HTTP server speaking the Hub's API.
 
-Each test process points huggingface_hub at tests/cluster/fake_hub.py with HF_ENDPOINT and at a
-fresh cache with HF_HOME, so what a rank fetched is read from the server's request log.
+Each test process points huggingface_hub at tests/cluster/files/fake_hub.py with HF_ENDPOINT
+and at a fresh cache with HF_HOME, so what a rank fetched is read from the server's request log.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def test_missing_weights_with_the_hub_down_name_the_gap(
 
 FETCH_SCRIPT = """
 import json, sys
-import cluster.fetch as fetch
+import cluster.files.hub_fetch as fetch
 from cluster.load import local_files
 from topology.errors import InputError
 

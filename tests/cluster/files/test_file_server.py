@@ -15,7 +15,7 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
-from cluster.file_server import ModelFileServer
+from cluster.files.file_server import ModelFileServer
 from topology.errors import InputError
 
 TOKEN = "s3cret-launch-token"

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cluster.cache import cache_root
+from cluster.files.cache import cache_root
 
 CHUNK = 8 << 20  # hashing reads this much at a time
 _SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -1,9 +1,9 @@
 """What a model is, file by file: name, size and sha256 of every file a rank may need.
 
-The launcher builds a manifest of the model it serves to its ranks (cluster/peer_fetch.py);
+The launcher builds a manifest of the model it serves to its ranks (peer_fetch.py);
 each rank checks what it loads against it, so every host runs the same bytes. A Hugging Face
 cache names LFS blobs by their sha256, so those cost nothing; every other file is hashed once
-and remembered by cluster/digests.py. No MLX here: the launcher imports this module.
+and remembered by digests.py. No MLX here: the launcher imports this module.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.digests import file_sha256
+from cluster.files.digests import file_sha256
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # A plain file name in the model folder: never a path, never hidden, never a partial download.
@@ -87,7 +87,7 @@ def folder_manifest(folder: Path, name: str | None = None) -> tuple[Manifest, di
     """The manifest of a model folder's top-level files, and where each file is.
 
     A symlink into a Hugging Face cache blob named by a sha256 takes that digest (the Hub
-    checked it when it downloaded); any other file is hashed (once: cluster/digests.py)."""
+    checked it when it downloaded); any other file is hashed (once: digests.py)."""
     where: dict[str, Path] = {}
     files: dict[str, FileEntry] = {}
     for item in sorted(folder.iterdir()):

@@ -1,0 +1,1 @@
+"""How a rank gets its model files: serving, fetching, manifests, digests, the cache folder."""
