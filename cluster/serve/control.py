@@ -48,6 +48,7 @@ class Admit:
     entry: int | None = None  # prefix-cache entry to start from
     reuse: int = 0  # how many of that entry's tokens to keep
     share_prompt: bool = False  # cache the prompt once read, however short (n > 1 choices)
+    prediction: list[int] | None = None  # the client's predicted output (a draft source)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Admit:

@@ -16,6 +16,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from cluster.serve.control import Step
 from cluster.serve.prefix_cache import PrefixCache
 from cluster.serve.sampling import Fault, guarded, request_processors, request_sampler
+from cluster.speculative.drafts import DraftCounts, Drafts
+from cluster.speculative.rewind import rewindable
+from cluster.speculative.verify import DraftingBatch
 
 # The longest prompt chunk of a step; every step message sets the chunk (Step.chunk) below it.
 MAX_CHUNK = 2048
@@ -34,6 +37,7 @@ class Engine:
         stream: Any,
         max_running: int,
         cache_tokens: int,
+        speculative: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.gen = BatchGenerator(
@@ -45,6 +49,16 @@ class Engine:
             stream=stream,
         )
         self.cache = PrefixCache(cache_tokens)
+        # Drafts are checked in the batch when every layer's cache can rewind row by row (off:
+        # mlx-lm's own generation batch, untouched).
+        self.drafts: Drafts | None = None
+        if speculative and rewindable(make_prompt_cache(model)):
+            self.drafts = Drafts(lookup=True)
+            batch = DraftingBatch.empty(model, self.gen.sampler)
+            batch.drafts = self.drafts
+            self.gen._generation_batch = batch
+        self.draft_totals = DraftCounts()  # every finished or removed sequence's, summed
+        self._draft_counts: dict[int, DraftCounts] = {}  # uids that finished this step
         self.active: set[int] = set()  # uids inserted and not yet finished or removed
         self.faults: dict[int, Fault] = {}  # uid -> what its sampler/processors raised
         self._share_prompt: set[int] = set()  # uids whose prompt is cached once read
@@ -72,6 +86,8 @@ class Engine:
             self.gen.remove(step.remove)
             self.active.difference_update(step.remove)
             self._share_prompt.difference_update(step.remove)
+            for uid in step.remove:
+                self._finish_drafts(uid)
         if step.chunk:
             self.gen.prefill_step_size = min(step.chunk, MAX_CHUNK)
         uids: list[int | str] = []
@@ -98,6 +114,8 @@ class Engine:
             )
             uids.append(uid)
             self.active.add(uid)
+            if self.drafts is not None:
+                self.drafts.expect(uid, a.prediction)
             self.faults[uid] = fault
             if a.share_prompt:
                 self._share_prompt.add(uid)
@@ -115,6 +133,7 @@ class Engine:
         Prompts that finish prefill and sequences that finish decoding enter the prefix cache
         (in-flight ones with their prompt, finished ones with prompt and answer), on every rank
         at the same step."""
+        self._draft_counts = {}
         prompt_responses, responses = self.gen.next()
         prefilled = [
             r.uid
@@ -129,4 +148,18 @@ class Engine:
             if r.finish_reason is not None:
                 self.active.discard(r.uid)
                 self.cache.insert(list(r.all_tokens), r.prompt_cache)
+                counts = self._finish_drafts(r.uid)
+                if counts is not None:
+                    self._draft_counts[r.uid] = counts
         return prompt_responses, responses
+
+    def _finish_drafts(self, uid: int) -> DraftCounts | None:
+        counts = self.drafts.forget(uid) if self.drafts is not None else None
+        if counts is not None:
+            self.draft_totals.add(counts)
+        return counts
+
+    def draft_counts(self, uid: int) -> DraftCounts | None:
+        """A sequence's draft counts while it runs, or in the step it finished."""
+        running = self.drafts.counts(uid) if self.drafts is not None else None
+        return running if running is not None else self._draft_counts.get(uid)

@@ -38,6 +38,7 @@ class ServeOptions:
     prefix_cache_tokens: int = DEFAULT_CACHE_TOKENS  # bound of the prefix cache, in tokens
     token_delay_s: float = 0.0  # a pause after every step, so tests can act mid-request
     prompt_delay_s: float = 0.0  # a pause after every step that reads prompt (a slow prefill)
+    speculative: bool = True  # drafts checked in the batch (--speculative)
 
     @classmethod
     def from_job(cls, job: RankJob) -> ServeOptions:
@@ -47,6 +48,7 @@ class ServeOptions:
             prefix_cache_tokens=max(0, int(o.get("prefix_cache_tokens", DEFAULT_CACHE_TOKENS))),
             token_delay_s=float(o.get("token_delay_s", 0.0)),
             prompt_delay_s=float(o.get("prompt_delay_s", 0.0)),
+            speculative=o.get("speculative", "on") != "off",
         )
 
 
@@ -74,6 +76,7 @@ def serve(
         generation_stream,
         options.max_running,
         options.prefix_cache_tokens,
+        options.speculative,
     )
     scheduler = (
         Scheduler(
@@ -85,6 +88,7 @@ def serve(
             MAX_CHUNK,
             engine.prefill_rate,
             model_limits(model, tokenizer),
+            engine,
         )
         if job.rank == 0
         else None

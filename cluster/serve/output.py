@@ -13,6 +13,7 @@ import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.serve.requests import Request, StopScanner
+from cluster.speculative.drafts import DraftCounts
 
 Emit = Callable[..., None]
 
@@ -78,8 +79,10 @@ class ChoiceOutput:
         cached: int,
         tokenizer: TokenizerWrapper,
         emit: Emit,
+        drafts: Callable[[], DraftCounts | None] | None = None,
     ) -> None:
         self.request, self.index, self.cached = request, index, cached
+        self.drafts = drafts
         self.tokenizer, self.emit = tokenizer, emit
         self.detokenizer = tokenizer.detokenizer
         self.scanner = StopScanner(request.stop)
@@ -174,4 +177,18 @@ class ChoiceOutput:
             cached_tokens=self.cached,
             token_ids=self.tokens,
             **({"stop_sequence": self.scanner.matched} if self.scanner.matched else {}),
+            **self._draft_fields(),
         )
+
+    def _draft_fields(self) -> dict[str, int]:
+        """What this choice drafted, when it drafted or the client predicted its output."""
+        counts = self.drafts() if self.drafts is not None else None
+        if counts is None or not (counts.drafted or self.request.prediction):
+            return {}
+        return {
+            "drafted_tokens": counts.drafted,
+            "accepted_tokens": counts.accepted,
+            "draft_checks": counts.checks,
+            "accepted_prediction_tokens": counts.prediction_accepted,
+            "rejected_prediction_tokens": counts.prediction_rejected,
+        }

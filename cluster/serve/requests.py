@@ -47,6 +47,7 @@ class Request:
     tools: list[dict[str, Any]] | None = None
     tool_mode: str = "none"  # auto: parse the model's calls; forced: the grammar makes calls
     count_only: bool = False  # only count the prompt's tokens
+    prediction: list[int] | None = None  # the client's predicted output, as a draft source
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,20 @@ def _max_tokens(raw: dict[str, Any], prompt: int, context: int | None) -> int:
     return min(asked, room)
 
 
+def _prediction(raw: dict[str, Any], tokenizer: TokenizerWrapper, vocab: int) -> list[int] | None:
+    """The predicted output's tokens: the launcher sends text (checked to be text there);
+    `prediction_ids` are token ids, as `prompt_ids` are."""
+    if raw.get("prediction_ids") is not None:
+        ids = [int(i) for i in raw["prediction_ids"]]
+        if any(not 0 <= i < vocab for i in ids):
+            raise RequestError(f"prediction token ids must be in [0, {vocab})")
+        return ids or None
+    text = raw.get("prediction")
+    if not text:
+        return None
+    return [int(i) for i in tokenizer.encode(str(text), add_special_tokens=False)] or None
+
+
 def parse_line(line: str, tokenizer: TokenizerWrapper, limits: Limits) -> Request | Cancel:
     """One stdin line → a request or a cancel; RequestError (with the id when known) if bad."""
     request_id = ""
@@ -191,6 +206,7 @@ def parse_line(line: str, tokenizer: TokenizerWrapper, limits: Limits) -> Reques
             logprobs=None if logprobs is None else int(logprobs),
             tools=raw.get("tools") or None,
             tool_mode=mode,
+            prediction=_prediction(raw, tokenizer, limits.vocab),
         )
     except GrammarError as e:
         raise RequestError(f"response_format / tools: {e}", request_id) from None
