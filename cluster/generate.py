@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.generate import generation_stream, stream_generate
+from mlx_lm.generate import GenerationResponse, generation_stream, stream_generate
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.job import RankJob
+from cluster.speculative.stream import DraftedStream
 from topology.errors import InputError
 
 Emit = Callable[..., None]  # emit(event_name, **fields)
@@ -126,16 +127,31 @@ def decode(
     kept: list[mx.array] = []
     processors = [_logit_keeper(kept, keep_logits)] if keep_logits > 0 else None
     last_event = 0.0
-    for response in stream_generate(
-        model,
-        tokenizer,
-        mx.array(ids, dtype=mx.int32),
-        max_tokens=job.max_tokens,
-        sampler=make_sampler(job.temp, job.top_p),
-        logits_processors=processors,
-        prefill_step_size=PREFILL_STEP,
-        prompt_progress_callback=prompt_progress,
-    ):
+    drafted: DraftedStream | None = None
+    responses: Iterable[GenerationResponse]
+    if job.options.get("speculative", "on") != "off":
+        responses = drafted = DraftedStream(
+            model,
+            tokenizer,
+            ids,
+            max_tokens=job.max_tokens,
+            sampler=None if job.temp == 0 else make_sampler(job.temp, job.top_p),
+            logits_processors=processors,
+            prefill_step_size=PREFILL_STEP,
+            prompt_progress_callback=prompt_progress,
+        )
+    else:
+        responses = stream_generate(
+            model,
+            tokenizer,
+            mx.array(ids, dtype=mx.int32),
+            max_tokens=job.max_tokens,
+            sampler=make_sampler(job.temp, job.top_p),
+            logits_processors=processors,
+            prefill_step_size=PREFILL_STEP,
+            prompt_progress_callback=prompt_progress,
+        )
+    for response in responses:
         if response.finish_reason != "stop":  # a stop response carries the EOS token
             result.tokens.append(response.token)
         if rank0 and response.text:
@@ -172,9 +188,23 @@ def decode(
             finish_reason=result.finish_reason,
             peak_memory_bytes=peaks,
             **({"logits": result.logits} if keep_logits > 0 else {}),
+            **_draft_fields(drafted),
         )
     barrier(group)
     return result
+
+
+def _draft_fields(drafted: DraftedStream | None) -> dict[str, int]:
+    """What a decode with drafts checked: forwards that checked drafts and tokens drafted and
+    kept (launch prints the tokens gained per forward)."""
+    counts = drafted.counts if drafted is not None else None
+    if counts is None:
+        return {}
+    return {
+        "drafted_tokens": counts.drafted,
+        "accepted_tokens": counts.accepted,
+        "draft_checks": counts.checks,
+    }
 
 
 def _logit_keeper(kept: list[mx.array], steps: int) -> Callable[[mx.array, mx.array], mx.array]:

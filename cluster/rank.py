@@ -1,12 +1,13 @@
 """`python -m cluster.rank`: one rank of a cluster job (see cluster/job.py for the contract).
 
-Reads the RankJob line from stdin, then hands stdin to a small guard process
-(cluster/rank_guard.py) that relays the launcher's lines and kills this rank when the launcher
-is gone or progress stalls — even while an MLX call holds the GIL. Here a watchdog thread exits
-at stdin EOF (the usual, GIL-free case), a heartbeat thread reports every heartbeat_s, and the
-main thread initialises MLX distributed, loads this rank's shard and decodes. Exit codes: 0
-done, 1 failed, 2 unusable input (model, shapes, job), 3 the launcher went away, 130
-interrupted, 143 stopped by SIGTERM.
+Reads the RankJob line from stdin (on Linux it then executes itself again once, with an
+optimized BLAS preloaded when the host has one: cluster/blas.py), then hands stdin to a small
+guard process (cluster/rank_guard.py) that relays the launcher's lines and kills this rank when
+the launcher is gone or progress stalls — even while an MLX call holds the GIL. Here a watchdog
+thread exits at stdin EOF (the usual, GIL-free case), a heartbeat thread reports every
+heartbeat_s, and the main thread initialises MLX distributed, loads this rank's shard and
+decodes. Exit codes: 0 done, 1 failed, 2 unusable input (model, shapes, job), 3 the launcher
+went away, 130 interrupted, 143 stopped by SIGTERM.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import traceback
 from dataclasses import asdict
 from typing import Any, TextIO
 
+from cluster import blas
 from cluster.job import RankJob, event_line
 from topology.errors import InputError
 
@@ -147,7 +149,7 @@ def run(job: RankJob, reporter: Reporter, text_out: TextIO) -> None:
     from cluster.generate import decode
     from cluster.load import shard_for_job
 
-    reporter.enter("load", model=job.model, strategy=job.strategy)
+    reporter.enter("load", model=job.model, strategy=job.strategy, blas=blas.in_use())
     started = time.monotonic()
     shard = shard_for_job(job, group, reporter.emit)
     reporter.enter(
@@ -170,9 +172,16 @@ def main() -> int:
     stderr, text_out = sys.stderr, sys.stdout
     sys.stdout = sys.stderr  # stray prints from libraries must not mix with the text
     try:
-        job = RankJob.from_line(_read_job_line())
+        line = blas.handed_job_line()  # set when this process is the BLAS re-execution
+        line = _read_job_line() if line is None else line
+        job = RankJob.from_line(line)
     except (ValueError, TypeError) as e:
         stderr.write(event_line("error", rank=None, kind="input", message=f"bad job line: {e}"))
+        return EXIT_INPUT
+    try:  # on Linux: execute again with an optimized BLAS preloaded (cluster/blas.py)
+        blas.switch(job, line)
+    except InputError as e:
+        stderr.write(event_line("error", rank=job.rank, kind="input", message=str(e)))
         return EXIT_INPUT
     _start_guard(job)
     stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")

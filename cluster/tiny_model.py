@@ -13,11 +13,8 @@ import contextlib
 import importlib
 import io
 import json
-import os
-import re
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,6 +23,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from cluster.model_folder import save_weights_by_layer, write_folder
 from topology.errors import InputError
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -158,21 +156,7 @@ def write_tiny_model(
     if out.is_symlink():  # replace what the link points at, never the link itself
         out = out.resolve()
     _check_target(out)
-    created = _make_parents(out.parent)
-    tmp: Path | None = None
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        _write_model(tmp, spec)
-        _move_into_place(tmp, out)
-    except BaseException as e:  # Ctrl-C and MemoryError too: leave nothing behind
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        for parent in created:  # deepest first; only the ones made here
-            with contextlib.suppress(OSError):
-                parent.rmdir()
-        if isinstance(e, OSError):
-            raise InputError(f"{out}: cannot write the model ({e.strerror or e})") from None
-        raise
+    write_folder(out, partial(_write_model, spec=spec))
     return out
 
 
@@ -182,39 +166,6 @@ def _check_target(out: Path) -> None:
         raise InputError(f"{out} exists and is not a directory: choose another path")
     if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
         raise InputError(f"{out} is not empty and holds no tiny model: choose an empty path")
-
-
-def _make_parents(parent: Path) -> list[Path]:
-    """Create the missing parent directories; the ones created, deepest first."""
-    missing: list[Path] = []
-    while not parent.exists() and parent != parent.parent:
-        missing.append(parent)
-        parent = parent.parent
-    try:
-        for d in reversed(missing):
-            d.mkdir()
-    except OSError as e:
-        for d in missing:
-            with contextlib.suppress(OSError):
-                d.rmdir()
-        raise InputError(f"{missing[0]}: cannot create the directory ({e.strerror or e})") from None
-    return missing
-
-
-def _move_into_place(tmp: Path, out: Path) -> None:
-    """rename(2) replaces an empty directory at once; an old model is moved aside first."""
-    os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; a model directory is read by others too
-    if not out.exists() or not any(out.iterdir()):
-        os.replace(tmp, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    os.replace(out, old)  # an empty directory: out takes its place
-    try:
-        os.replace(tmp, out)
-    except OSError:
-        os.replace(old, out)  # put the old model back
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_model(out: Path, spec: TinySpec) -> None:
@@ -230,7 +181,7 @@ def _write_model(out: Path, spec: TinySpec) -> None:
 
         with contextlib.redirect_stdout(io.StringIO()):  # it prints a bits-per-weight line
             model, config = quantize_model(model, config, spec.group_size, spec.quantize_bits)
-    _save_weights_by_layer(out, dict(_flat(model.parameters())), spec.layers)
+    save_weights_by_layer(out, dict(_flat(model.parameters())), spec.layers)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
@@ -313,25 +264,3 @@ def _random_model(spec: TinySpec, config: dict[str, object]) -> nn.Module:
 
 def _flat(tree: Any) -> list[tuple[str, mx.array]]:
     return cast(list[tuple[str, mx.array]], tree_flatten(tree))
-
-
-def _save_weights_by_layer(out: Path, weights: dict[str, mx.array], layers: int) -> None:
-    """File 1 holds everything outside the layers; file i+2 holds layer i."""
-    total = layers + 1
-    shards: list[dict[str, mx.array]] = [{} for _ in range(total)]
-    for name, value in weights.items():
-        match = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
-        shards[0 if match is None else int(match.group(1)) + 1][name] = value
-    weight_map = {}
-    for i, shard in enumerate(shards):
-        file_name = f"model-{i + 1:05d}-of-{total:05d}.safetensors"
-        try:
-            mx.save_safetensors(str(out / file_name), shard, metadata={"format": "mlx"})
-        except RuntimeError as e:  # MLX reports a failed open or write this way
-            raise OSError(str(e)) from None
-        weight_map.update(dict.fromkeys(shard, file_name))
-    index = {
-        "metadata": {"total_size": sum(v.nbytes for v in weights.values())},
-        "weight_map": dict(sorted(weight_map.items())),
-    }
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

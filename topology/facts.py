@@ -27,7 +27,8 @@ SNAPSHOT_FILES = (
 )
 # Optional files: a snapshot without them is complete (they add checks, never a probe_missing).
 VERSIONS_FILE = "versions.txt"  # `name version` per line, from the host's configured python
-OPTIONAL_SNAPSHOT_FILES = (VERSIONS_FILE,)
+BLAS_FILE = "blas.txt"  # Linux hosts: the BLAS a rank would use (topology/checks/blas.py)
+OPTIONAL_SNAPSHOT_FILES = (VERSIONS_FILE, BLAS_FILE)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class HostFacts:
     wired_limit_bytes: int | None = None  # GPU-usable memory when the user set it
     bandwidth_gbs: float | None = None  # memory bandwidth override (GB/s)
     software: Software | None = None  # None: versions.txt not recorded (nothing to compare)
+    blas: str | None = None  # blas.txt of a host that is not a Mac: "openblas PATH", "reference"
 
     def rdma_device(self, iface: str | None) -> RdmaDevice | None:
         if iface is None:

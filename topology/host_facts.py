@@ -11,8 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from topology.checks.blas import parse_blas
 from topology.errors import one_line
 from topology.facts import (
+    BLAS_FILE,
     VERSIONS_FILE,
     HostFacts,
     ProbeGap,
@@ -177,6 +179,7 @@ def host_facts(
         bridge_active=ifc.bridge_active,
         addrs=ifc.addrs,
         software=_software(r),
+        blas=None if is_mac else r.read(BLAS_FILE, parse_blas, needed=False),
         gaps=tuple(r.gaps),
     )
 

@@ -11,6 +11,7 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 
 from topology.checks.addressing import address_findings
+from topology.checks.blas import blas_findings
 from topology.checks.versions import (
     SOFTWARE_UPDATE,
     env_findings,
@@ -67,6 +68,7 @@ CODE_ORDER = (
     "unknown_peer",
     "no_address",
     "fast_synch_unsafe",
+    "reference_blas",
 )
 
 
@@ -257,6 +259,7 @@ def _findings(hosts: Sequence[HostFacts]) -> tuple[LinkGraph, list[Finding]]:
     rdma = RDMA_BACKENDS if len(hosts) >= 2 else NO_BACKEND
     found += macos_findings(macs, rdma)
     found += software_findings([h for h in hosts if h.name not in dups])
+    found += blas_findings([h for h in hosts if h.name not in dups])
     if len(macs) > MAX_JACCL_HOSTS:
         found.append(
             Finding(

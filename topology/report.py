@@ -21,6 +21,7 @@ def check_json(result: CheckResult) -> dict[str, object]:
                 "memory_bytes": h.memory_bytes,
                 "macos": h.macos,
                 "rdma": h.rdma,
+                **({"blas": h.blas} if h.blas is not None else {}),  # Linux hosts' blas.txt
             }
             for h in result.hosts
         ],
@@ -60,6 +61,12 @@ def _host_rows(result: CheckResult) -> list[str]:
         chip = h.chip or ("not a Mac" if not h.is_mac else "?")
         rows.append([h.name, chip, _memory(h), h.macos or "?", h.rdma, ports])
     return _table(rows)
+
+
+def _blas_rows(result: CheckResult) -> list[str]:
+    """The BLAS ranks would use on the hosts that are not Macs (when their probe said)."""
+    rows = [[h.name, h.blas] for h in result.hosts if not h.is_mac and h.blas is not None]
+    return ["", "BLAS on Linux hosts", *_table(rows)] if rows else []
 
 
 def _cell(links: list[Link], row: str) -> str:
@@ -118,6 +125,7 @@ def text_report(result: CheckResult) -> str:
     n = len(result.hosts)
     lines = [f"Topology check: {n} host{'s' if n != 1 else ''}, target backend {goal}", "", "Hosts"]
     lines += _host_rows(result)
+    lines += _blas_rows(result)
     lines += ["", "Links (row's port → column's port, Gb/s; * = RDMA active)"]
     lines += _matrix_rows(result)
     lines += ["", "Problems" if result.problems else "Problems: none"]

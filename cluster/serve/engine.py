@@ -57,7 +57,6 @@ class Engine:
             batch = DraftingBatch.empty(model, self.gen.sampler)
             batch.drafts = self.drafts
             self.gen._generation_batch = batch
-        self.draft_totals = DraftCounts()  # every finished or removed sequence's, summed
         self._draft_counts: dict[int, DraftCounts] = {}  # uids that finished this step
         self.active: set[int] = set()  # uids inserted and not yet finished or removed
         self.faults: dict[int, Fault] = {}  # uid -> what its sampler/processors raised
@@ -87,7 +86,8 @@ class Engine:
             self.active.difference_update(step.remove)
             self._share_prompt.difference_update(step.remove)
             for uid in step.remove:
-                self._finish_drafts(uid)
+                if self.drafts is not None:
+                    self.drafts.forget(uid)
         if step.chunk:
             self.gen.prefill_step_size = min(step.chunk, MAX_CHUNK)
         uids: list[int | str] = []
@@ -148,16 +148,10 @@ class Engine:
             if r.finish_reason is not None:
                 self.active.discard(r.uid)
                 self.cache.insert(list(r.all_tokens), r.prompt_cache)
-                counts = self._finish_drafts(r.uid)
+                counts = self.drafts.forget(r.uid) if self.drafts is not None else None
                 if counts is not None:
                     self._draft_counts[r.uid] = counts
         return prompt_responses, responses
-
-    def _finish_drafts(self, uid: int) -> DraftCounts | None:
-        counts = self.drafts.forget(uid) if self.drafts is not None else None
-        if counts is not None:
-            self.draft_totals.add(counts)
-        return counts
 
     def draft_counts(self, uid: int) -> DraftCounts | None:
         """A sequence's draft counts while it runs, or in the step it finished."""

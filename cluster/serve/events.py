@@ -8,7 +8,6 @@ from typing import Any
 
 from cluster.generate import Emit
 from cluster.serve.prefix_cache import PrefixCache
-from cluster.speculative.drafts import DraftCounts
 
 STATS_EVERY_S = 1.0
 
@@ -31,9 +30,7 @@ class LauncherEvents:
         elif out:
             self._emit("batch", events=out)
 
-    def stats(
-        self, running: int, queued: int, batch: int, cache: PrefixCache, drafts: DraftCounts
-    ) -> None:
+    def stats(self, running: int, queued: int, batch: int, cache: PrefixCache) -> None:
         """A `stats` event at most every STATS_EVERY_S."""
         now = time.monotonic()
         if now - self._last_stats < STATS_EVERY_S:
@@ -49,7 +46,4 @@ class LauncherEvents:
             prefix_cache_entries=len(cache),
             prefix_cache_hits=cache.hits,
             prefix_cache_lookups=cache.lookups,
-            drafted_tokens=drafts.drafted,  # sequences that finished or left, summed
-            accepted_tokens=drafts.accepted,
-            draft_checks=drafts.checks,
         )

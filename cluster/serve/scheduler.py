@@ -32,8 +32,6 @@ TICK_S = 1.0  # an idle rank 0 shares a no-op this often: every rank keeps repor
 class DraftSource(Protocol):
     """The engine's side of drafting, as rank 0's scheduler reads it."""
 
-    draft_totals: DraftCounts
-
     def draft_counts(self, uid: int) -> DraftCounts | None: ...
 
 
@@ -197,8 +195,7 @@ class Scheduler:
 
     def stats(self, batch: int) -> None:
         """A `stats` event at most every STATS_EVERY_S (the launcher's /metrics)."""
-        totals = self.drafts.draft_totals if self.drafts is not None else DraftCounts()
-        self.events.stats(len(self.running), len(self.admission.waiting), batch, self.cache, totals)
+        self.events.stats(len(self.running), len(self.admission.waiting), batch, self.cache)
 
     def flush(self) -> None:
         self.events.flush()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from cluster.speculative.draft_length import DraftLength
 from cluster.speculative.lookup import Prediction, PromptLookup
@@ -19,61 +19,61 @@ class DraftCounts:
     prediction_accepted: int = 0  # of the drafted tokens that came from the client's prediction
     prediction_rejected: int = 0
 
-    def add(self, other: DraftCounts) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
 
 @dataclass
 class _Sequence:
     lookup: PromptLookup | None
     prediction: Prediction | None
+    prompt_len: int
     length: DraftLength = field(default_factory=DraftLength)
     counts: DraftCounts = field(default_factory=DraftCounts)
-    prompt_len: int = 0
-    seen: int = 0  # tokens of the sequence already given to the sources
-    from_prediction: bool = False  # where the pending draft came from
+    answer_seen: int = 0  # answer tokens (the pending one included) given to the prediction
+    from_prediction: bool = False  # where the draft being checked came from
 
 
 class Drafts:
     """Registered when a request is inserted (`expect`), joined when its prompt is read
-    (`join`), asked for a draft before each step (`propose`), told the outcome (`record`)."""
+    (`join`); before each step `wants` (from the tokens fed so far: no wait for the step in
+    flight), then `propose` with the token fed next, and `record` of the outcome."""
 
     def __init__(self, lookup: bool) -> None:
         self.lookup = lookup  # prompt lookup for every sequence (off: predictions only)
         self._waiting: dict[int, Sequence[int] | None] = {}
         self._running: dict[int, _Sequence] = {}
-        self.finished: dict[int, DraftCounts] = {}  # until the caller takes them
 
     def expect(self, uid: int, prediction: Sequence[int] | None) -> None:
         self._waiting[uid] = prediction
 
     def join(self, uid: int, tokens: list[int]) -> None:
-        """The sequence starts decoding; `tokens` (its prompt, grown in place) is its history."""
+        """The sequence starts decoding after its prompt `tokens`."""
         if uid not in self._waiting:
             return
         prediction = self._waiting.pop(uid)
         self._running[uid] = _Sequence(
-            lookup=PromptLookup(()) if self.lookup else None,
+            lookup=PromptLookup() if self.lookup else None,
             prediction=Prediction(prediction) if prediction else None,
             prompt_len=len(tokens),
         )
 
+    def wants(self, uid: int, history: list[int]) -> bool:
+        """Whether the sequence may draft this step (once per step: pauses count steps)."""
+        s = self._running.get(uid)
+        if s is None or not s.length.ready():
+            return False
+        return s.prediction is not None or (s.lookup is not None and s.lookup.may_match(history))
+
     def propose(self, uid: int, history: list[int], pending: int) -> list[int]:
         """The draft to check after `pending` (the token fed next), given the tokens fed so far."""
-        s = self._running.get(uid)
-        if s is None:
-            return []
-        new = [*history[s.seen :], pending]
-        answer_new = new[max(0, s.prompt_len - s.seen) :]
-        s.seen = len(history) + 1
-        if s.lookup is not None:
-            s.lookup.index.tokens.extend(new)
-        limit = s.length.allowed()
-        draft = s.prediction.propose(answer_new, limit) if s.prediction is not None else []
+        s = self._running[uid]
+        limit = s.length.limit
+        draft: list[int] = []
+        if s.prediction is not None:
+            answer = [*history[s.prompt_len :], pending]
+            draft = s.prediction.propose(answer[s.answer_seen :], limit)
+            s.answer_seen = len(answer)
         s.from_prediction = bool(draft)
-        if not draft and s.lookup is not None and limit:
-            draft = s.lookup.propose((), limit)
+        if not draft and s.lookup is not None:
+            draft = s.lookup.propose(history, pending, limit)
         return draft
 
     def record(self, uid: int, drafted: int, accepted: int) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 MAX_NGRAM = 4  # the longest tail matched: longer matches are likelier to go on alike
-MIN_NGRAM = 2  # one repeated token predicts too little to pay for a check
+MIN_NGRAM = 2  # the shortest indexed (a client's prediction is followed from 2)
+LOOKUP_NGRAM = 3  # the shortest tail prompt lookup copies after: 2 repeat by chance in prose
 
 
 class NgramIndex:
@@ -27,11 +28,12 @@ class NgramIndex:
                 self._last_end[tuple(toks[p + 1 - n : p + 1])] = p
         self._indexed = max(self._indexed, end)
 
-    def after(self, tail: Sequence[int], before: int) -> int | None:
+    def after(self, tail: Sequence[int], before: int, shortest: int = MIN_NGRAM) -> int | None:
         """The position right after the latest occurrence of the longest matching end of
-        `tail` among the n-grams that end before `before`; None when none matches."""
+        `tail` (at least `shortest` tokens) among the n-grams that end before `before`; None
+        when none matches."""
         self._index_upto(min(before, len(self.tokens)))
-        for n in range(min(MAX_NGRAM, len(tail)), MIN_NGRAM - 1, -1):
+        for n in range(min(MAX_NGRAM, len(tail)), shortest - 1, -1):
             p = self._last_end.get(tuple(tail[len(tail) - n :]))
             if p is not None and p < before:
                 return p + 1
@@ -39,18 +41,27 @@ class NgramIndex:
 
 
 class PromptLookup:
-    """Drafts from the sequence itself (prompt and output so far)."""
+    """Drafts from the sequence itself (prompt and output so far): what followed the latest
+    earlier occurrence of its last LOOKUP_NGRAM or more tokens."""
 
-    def __init__(self, tokens: Sequence[int]) -> None:
-        self.index = NgramIndex(tokens)
+    def __init__(self) -> None:
+        self.index = NgramIndex()
 
-    def propose(self, emitted: Sequence[int], limit: int) -> list[int]:
-        """`emitted`: tokens added since the last call; the last of them is the newest."""
-        self.index.tokens.extend(emitted)
-        toks = self.index.tokens
-        # The list's own tail ends at len-1: only earlier occurrences count.
-        start = self.index.after(toks, len(toks) - 1)
-        return [] if start is None else toks[start : start + limit]
+    def _catch_up(self, history: Sequence[int]) -> None:
+        self.index.tokens.extend(history[len(self.index.tokens) :])
+
+    def may_match(self, history: Sequence[int]) -> bool:
+        """Whether a tail ending in the next token could match: its LOOKUP_NGRAM - 1 tokens
+        before that one must have occurred before (known without the next token)."""
+        self._catch_up(history)
+        return self.index.after(history, len(history) - 1, LOOKUP_NGRAM - 1) is not None
+
+    def propose(self, history: Sequence[int], pending: int, limit: int) -> list[int]:
+        """Up to `limit` tokens to check after `pending`, the token fed next."""
+        self._catch_up(history)
+        tail = [*history[-(MAX_NGRAM - 1) :], pending]
+        start = self.index.after(tail, len(history), LOOKUP_NGRAM)
+        return [] if start is None else self.index.tokens[start : start + limit]
 
 
 class Prediction:

@@ -51,11 +51,17 @@ class DraftingBatch(GenerationBatch):
         return self._check(drafts)
 
     def _propose(self) -> list[list[int]] | None:
+        """Every sequence's draft, or None when none drafts: then nothing waited for the step
+        in flight, and mlx-lm's own step keeps computing one step ahead."""
         if self.drafts is None or not rewindable(self.prompt_cache):
+            return None
+        wanting = [self.drafts.wants(uid, self.tokens[i]) for i, uid in enumerate(self.uids)]
+        if not any(wanting):
             return None
         pending = _ints(self._next_tokens)
         out = [
-            self.drafts.propose(uid, self.tokens[i], pending[i]) for i, uid in enumerate(self.uids)
+            self.drafts.propose(uid, self.tokens[i], pending[i]) if wanting[i] else []
+            for i, uid in enumerate(self.uids)
         ]
         return out if any(out) else None
 

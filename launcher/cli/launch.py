@@ -31,8 +31,10 @@ from launcher.cli.options import (
     hub_option,
     job_options,
     placement_options,
+    speculative_option,
 )
 from launcher.hosts.gather import read_cluster
+from launcher.ranks.blas import BlasSeen, blas_lines
 from launcher.ranks.jobs import Generation, build_rank_jobs
 from launcher.ranks.supervisor import EXIT_RANK_FAILED, Deadlines, Outcome, supervise
 from launcher.ranks.target import (
@@ -56,6 +58,7 @@ class LaunchRun:
     outcome: Outcome
     target: LaunchTarget
     copied: tuple[dict[str, int], ...] = ()  # per rank: files/bytes/resumed from a peer
+    blas: tuple[str | None, ...] = ()  # per rank: its `load` event's BLAS (launcher/ranks/blas.py)
 
     def json_line(self) -> str:
         r = self.outcome.result or {}
@@ -75,8 +78,14 @@ class LaunchRun:
                 "generation_tokens": len(r.get("tokens", [])),
                 "finish_reason": r.get("finish_reason"),
                 "copied": list(self.copied),
+                "blas": list(self.blas),
+                **{k: r[k] for k in DRAFT_KEYS if k in r},
             }
         )
+
+
+# What the rank tells of its drafts (cluster/generate.py), passed on in --json.
+DRAFT_KEYS = ("drafted_tokens", "accepted_tokens", "draft_checks")
 
 
 def _size(n: int) -> str:
@@ -93,6 +102,21 @@ def summary_line(result: dict[str, Any], target: LaunchTarget) -> str:
         f" | generation: {len(result.get('tokens', []))} tokens, {generation_tps:.1f} tok/s"
         f" | peak memory: {memory}"
         f" | {target.plan.strategy} over {len(target.plan.ranks)} rank(s), {target.backend}"
+        f"{_drafts(result)}"
+    )
+
+
+def _drafts(result: dict[str, Any]) -> str:
+    """Tokens per forward with drafts: each check emits its accepted drafts plus one."""
+    checks, accepted = result.get("draft_checks"), result.get("accepted_tokens")
+    if not isinstance(checks, int) or not isinstance(accepted, int):
+        return ""
+    drafted = result.get("drafted_tokens", 0)
+    if not checks:
+        return " | speculative: nothing drafted"
+    return (
+        f" | speculative: {accepted}/{drafted} drafted tokens accepted, "
+        f"{(accepted + checks) / checks:.2f} tokens per checking step"
     )
 
 
@@ -200,9 +224,11 @@ def run_launch(
     loading = _LoadingDisplay(sys.stderr, len(jobs))
     prompt = _PromptProgress(sys.stderr)
     copied = [{"files": 0, "bytes": 0, "resumed": 0} for _ in jobs]
+    blas = BlasSeen(len(jobs))
 
     def on_event(rank: int, event: dict[str, Any]) -> None:
         loading(rank, event)
+        blas(rank, event)
         prompt(rank, event)
         if event.get("event") == "decode" and isinstance(event.get("copied"), dict):
             copied[rank] = {k: int(event["copied"].get(k) or 0) for k in copied[rank]}
@@ -215,7 +241,7 @@ def run_launch(
     if open_line and text_out is not None:
         text_out.write("\n")
         text_out.flush()
-    return LaunchRun(outcome, target, tuple(copied))
+    return LaunchRun(outcome, target, tuple(copied), tuple(blas.values))
 
 
 def _say_copied(rank: int, host: str, copied: dict[str, int]) -> None:
@@ -282,6 +308,7 @@ def _unreachable(cluster: ClusterSpec | None) -> int:
 @click.option("--ignore-chat-template", is_flag=True, help="Feed the prompt as is.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line at the end.")
 @deadline_options("every rank is stopped")
+@speculative_option
 @hub_option
 @click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
 def launch(
@@ -301,12 +328,13 @@ def launch(
     rank_timeout: float,
     stall_timeout: float,
     load_timeout: float,
+    speculative: str,
     no_hub: bool,
     job_option: tuple[str, ...],
 ) -> int:
     """Run the model across the hosts and stream the generated text."""
     deadlines = check_deadlines(rank_timeout, load_timeout, stall_timeout)
-    options = job_options(job_option)
+    options = {"speculative": speculative, **job_options(job_option)}
     if no_hub:
         forbid_hub()
     if sum(x is not None for x in (cluster_file, local, plan_dir)) != 1:
@@ -339,5 +367,6 @@ def launch(
     elif as_json:
         click.echo(run.json_line())
     else:
-        click.echo(summary_line(out.result or {}, target))
+        blas = blas_lines(run.blas, [rank.host for rank in target.plan.ranks])
+        click.echo(" | ".join([summary_line(out.result or {}, target), *blas]))
     return out.exit_code

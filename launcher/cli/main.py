@@ -11,6 +11,7 @@ from launcher.cli.agent import agent_cmd
 from launcher.cli.bench import bench_cmd
 from launcher.cli.demo import demo
 from launcher.cli.discover import discover_cmd
+from launcher.cli.import_gguf import import_gguf_cmd
 from launcher.cli.launch import launch
 from launcher.cli.plan import plan_cmd
 from launcher.cli.serve import serve_cmd
@@ -26,7 +27,7 @@ def cli() -> None:
 
 
 _COMMANDS = (topology_group, plan_cmd, tiny_model, agent_cmd, discover_cmd, launch, demo)
-for command in (*_COMMANDS, bench_cmd, serve_cmd):
+for command in (*_COMMANDS, bench_cmd, serve_cmd, import_gguf_cmd):
     cli.add_command(command)
 
 

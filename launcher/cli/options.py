@@ -289,6 +289,19 @@ def forbid_hub() -> None:
         constants.HF_HUB_OFFLINE = True  # type: ignore[attr-defined]
 
 
+def speculative_option(f: F) -> F:
+    """--speculative on|off (cluster/speculative/)."""
+    return click.option(
+        "--speculative",
+        type=click.Choice(["on", "off"]),
+        default="on",
+        show_default=True,
+        help="Draft tokens from the prompt and the output so far (and from a request's "
+        "'prediction') and check them in one forward; the output does not change. off: plain "
+        "decoding, one token per forward.",
+    )(f)
+
+
 def hub_option(f: F) -> F:
     """--no-hub: model files come from the cluster's hosts only (launcher/share/)."""
     return click.option(

@@ -27,6 +27,7 @@ from launcher.cli.options import (
     hub_option,
     job_options,
     placement_options,
+    speculative_option,
 )
 from launcher.hosts.gather import read_cluster
 from launcher.ranks.supervisor import EXIT_RANK_FAILED, interrupt_flag
@@ -123,6 +124,7 @@ def _listen(host: str, port: int, app: ServeApp) -> HttpServer:
     is_flag=True,
     help="After a failover, do not take lost hosts back when they answer again.",
 )
+@speculative_option
 @hub_option
 @click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
 def serve_cmd(
@@ -141,6 +143,7 @@ def serve_cmd(
     stall_timeout: float,
     load_timeout: float,
     no_rejoin: bool,
+    speculative: str,
     no_hub: bool,
     job_option: tuple[str, ...],
 ) -> int:
@@ -149,7 +152,7 @@ def serve_cmd(
     deadlines = check_deadlines(rank_timeout, load_timeout, stall_timeout)
     if api_key is not None and not api_key.strip():
         raise InputError("--api-key / MLX_CLUSTER_API_KEY is empty: give a key or leave it unset")
-    options = job_options(job_option)
+    options = {"speculative": speculative, **job_options(job_option)}
     if no_hub:
         forbid_hub()
     source = _source(cluster_file, local, model, strategy, backend)

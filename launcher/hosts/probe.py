@@ -3,8 +3,9 @@
 stdout is kept byte for byte (decoded with surrogateescape, so writing it back restores the bytes).
 When a command fails, `<file>.error` says how (exit code and the first stderr lines); `uname.txt`
 (`uname -s`) tells a Mac from a Linux box; `versions.txt` is what the host's configured python
-(the one its ranks will run) has installed. Hosts are probed in parallel; every command has a
-timeout.
+(the one its ranks will run) has installed, and on hosts that are not Macs `blas.txt` the BLAS
+a rank there would use (`python -m cluster.blas`). Hosts are probed in parallel; every command
+has a timeout.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from launcher.hosts.ssh import is_local, ssh_argv
 from topology.cluster_file import ClusterSpec, HostSpec
-from topology.facts import VERSIONS_FILE
+from topology.facts import BLAS_FILE, VERSIONS_FILE
 from topology.host_facts import COMMANDS, ERROR_SUFFIX, SSH_FAILED, UNAME_FILE
 
 COMMAND_TIMEOUT_S = 30.0  # system_profiler can take several seconds on a busy Mac
@@ -40,6 +41,10 @@ for p in ("mlx", "mlx-lm", "mlx-cluster"):
 
 def versions_argv(python: str) -> tuple[str, ...]:
     return (python, "-c", VERSIONS_SCRIPT)
+
+
+def blas_argv(python: str) -> tuple[str, ...]:
+    return (python, "-m", "cluster.blas")  # cluster/blas.py: standard library only, no MLX
 
 
 def _decode(data: bytes) -> str:
@@ -75,6 +80,8 @@ def _probe(
 ) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for file, argv in argv_for.items():
+        if file == BLAS_FILE and (out.get(UNAME_FILE) or "").startswith("Darwin"):
+            continue  # a Mac's MLX uses Accelerate
         rc, stdout, err = _run(argv, timeout_s)
         if remote and rc in (SSH_EXIT, TIMED_OUT) and file == UNAME_FILE:
             # ssh itself failed or hung (unreachable, key refused, a login that never ends):
@@ -85,7 +92,9 @@ def _probe(
                 out[name] = None
                 out[name + ERROR_SUFFIX] = f"{reason}\n{err}\n"
             return out
-        shown = PROBES.get(file) or (python, "-c", "<versions script>")
+        shown = PROBES.get(file) or (
+            blas_argv(python) if file == BLAS_FILE else (python, "-c", "<versions script>")
+        )
         _record(out, file, shown, rc, stdout, err)
     return out
 
@@ -98,6 +107,7 @@ def probe_local(
     python = python or sys.executable
     argv_for = {f: list(cmd) for f, cmd in PROBES.items()}
     argv_for[VERSIONS_FILE] = list(versions_argv(python))
+    argv_for[BLAS_FILE] = list(blas_argv(python))
     return _probe(argv_for, remote=False, timeout_s=timeout_s, python=python)
 
 
@@ -110,6 +120,7 @@ def probe_host(
     python = spec.python_for(host)
     argv_for = {f: ssh_argv(spec, host, cmd) for f, cmd in PROBES.items()}
     argv_for[VERSIONS_FILE] = ssh_argv(spec, host, versions_argv(python))
+    argv_for[BLAS_FILE] = ssh_argv(spec, host, blas_argv(python))
     return _probe(argv_for, remote=True, timeout_s=timeout_s, python=python)
 
 

@@ -60,6 +60,17 @@ class ServeMetrics:
         self.cached_tokens = Counter(
             PREFIX + "cached_tokens", "Prompt tokens taken from the prefix cache", registry=r
         )
+        # Speculation, from each finished request: tokens drafted, drafted tokens kept, and
+        # forwards that checked drafts (accepted / checks: tokens gained per such forward).
+        self.drafted_tokens = Counter(
+            PREFIX + "drafted_tokens", "Draft tokens checked by the model", registry=r
+        )
+        self.accepted_tokens = Counter(
+            PREFIX + "accepted_draft_tokens", "Draft tokens the model kept", registry=r
+        )
+        self.draft_checks = Counter(
+            PREFIX + "draft_checks", "Forwards that checked a sequence's draft", registry=r
+        )
         self.ttft = Histogram(
             PREFIX + "time_to_first_token_seconds", "Submit to first generated text",
             buckets=TTFT_BUCKETS, registry=r,
@@ -114,6 +125,9 @@ class ServeMetrics:
             self.prompt_tokens.inc(_int(event, "prompt_tokens"))
             self.generated_tokens.inc(_int(event, "completion_tokens"))
             self.cached_tokens.inc(_int(event, "cached_tokens"))
+            self.drafted_tokens.inc(_int(event, "drafted_tokens"))
+            self.accepted_tokens.inc(_int(event, "accepted_tokens"))
+            self.draft_checks.inc(_int(event, "draft_checks"))
         elif name == "stats":
             self._stats(event)
 

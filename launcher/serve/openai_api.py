@@ -157,7 +157,21 @@ def _common(raw: dict[str, Any], kind: str) -> dict[str, Any]:
         "repetition_penalty": _repetition_penalty(raw),
         "logit_bias": _logit_bias(raw),
         "response_format": response_format(raw.get("response_format")),
+        "prediction": _prediction(raw.get("prediction")),
     }
+
+
+def _prediction(value: Any) -> str | None:
+    """OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts}. The text
+    only drafts tokens; what is generated does not change."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") != "content" or "content" not in value:
+        raise bad(
+            '\'prediction\' must be {"type": "content", "content": text or text parts}',
+            "prediction",
+        )
+    return _text(value["content"], "prediction.content", "prediction") or None
 
 
 def response_format(value: Any) -> dict[str, Any] | None:
@@ -189,12 +203,12 @@ def response_format(value: Any) -> dict[str, Any] | None:
     return {"type": "json_schema", "schema": spec["schema"]}
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: Any, where: str, param: str = "messages") -> str:
     """A message's content: a string, or text parts joined (other parts refused by name)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
-        raise bad(f"{where} must be a string or a list of text parts", "messages")
+        raise bad(f"{where} must be a string or a list of text parts", param)
     for j, part in enumerate(content):
         kind = part.get("type")
         if kind in REFUSED_PARTS:
@@ -206,7 +220,7 @@ def _text(content: Any, where: str) -> str:
         if kind != "text":
             raise bad(f"{where}[{j}].type must be 'text', not {kind!r}", f"{where}[{j}].type")
         if not isinstance(part.get("text"), str):
-            raise bad(f"{where}[{j}] text parts need a string 'text'", "messages")
+            raise bad(f"{where}[{j}] text parts need a string 'text'", param)
     return "".join(str(p["text"]) for p in content)
 
 

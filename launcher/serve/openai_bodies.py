@@ -40,6 +40,11 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
     }
 
 
+# What a `done` event tells of drafting: OpenAI's two Predicted Outputs counts, then ours.
+PREDICTION_KEYS = ("accepted_prediction_tokens", "rejected_prediction_tokens")
+DRAFT_KEYS = ("drafted_tokens", "accepted_tokens", "draft_checks")
+
+
 def count(event: Event, key: str) -> int:
     value = event.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
@@ -103,6 +108,7 @@ class OpenAIAnswer:
         self.ended = 0
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.created = int(time.time())
+        self.drafts: dict[str, int] | None = None  # summed over choices, once any drafted
 
     @property
     def finished(self) -> bool:
@@ -158,6 +164,9 @@ class OpenAIAnswer:
         choice.finish = "tool_calls" if choice.tool_calls and finish == "stop" else finish
         self.ended += 1
         self.completion_tokens += count(event, "completion_tokens")
+        if "drafted_tokens" in event:
+            drafts = self.drafts or dict.fromkeys(PREDICTION_KEYS + DRAFT_KEYS, 0)
+            self.drafts = {k: v + count(event, k) for k, v in drafts.items()}
         if index == 0 or not self.prompt_tokens:  # the prompt is shared: counted once
             self.prompt_tokens = count(event, "prompt_tokens")
             self.cached_tokens = count(event, "cached_tokens")
@@ -177,7 +186,13 @@ class OpenAIAnswer:
         }
 
     def usage(self) -> dict[str, Any]:
-        return usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+        """OpenAI's usage; a request that drafted also gets OpenAI's prediction counts and our
+        own speculation counts (drafted, accepted, forwards that checked drafts)."""
+        body = usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+        if self.drafts is not None:
+            body["completion_tokens_details"] = {k: self.drafts[k] for k in PREDICTION_KEYS}
+            body["speculative"] = {k: self.drafts[k] for k in DRAFT_KEYS}
+        return body
 
     def opening(self) -> list[bytes]:
         """A chat stream names the role first, once per choice."""

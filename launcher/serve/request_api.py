@@ -83,6 +83,7 @@ class GenerateRequest:
     n: int = 1
     count_only: bool = False
     max_tokens_default: bool = False  # not asked for: may shrink to fit the context
+    prediction: str | None = None  # OpenAI's Predicted Outputs: text the answer likely repeats
 
     def rank_line(self, request_id: str, seed: int) -> str:
         """The JSON line for rank 0's stdin (cluster/serve/requests.py reads it)."""
@@ -112,6 +113,7 @@ class GenerateRequest:
             "n": self.n if self.n > 1 else None,
             "count_only": self.count_only or None,
             "max_tokens_default": self.max_tokens_default or None,
+            "prediction": self.prediction or None,
         }
         raw.update((k, v) for k, v in extra.items() if v is not None)
         return json.dumps(raw, separators=(",", ":")) + "\n"

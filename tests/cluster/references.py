@@ -34,32 +34,55 @@ class Reference:
 
 
 def reference(model_dir: Path, prompt: str, max_tokens: int, steps: int) -> Reference:
-    """Plain mlx-lm in this process: load, chat template, greedy stream_generate."""
+    """Plain mlx-lm in this process: load, chat template, greedy stream_generate (its tokens
+    and text are also what decoding with drafts gives in this process)."""
     import mlx.core as mx
     from mlx_lm import load, stream_generate
     from mlx_lm.sample_utils import make_sampler
+
+    from cluster.speculative.stream import DraftedStream
 
     model, tokenizer = load(str(model_dir))
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}], add_generation_prompt=True
     )
-    kept: list[mx.array] = []
 
-    def keep(tokens: mx.array, logits: mx.array) -> mx.array:
-        if len(kept) < steps:
-            kept.append(logits[0])
-        return logits
+    def keeper(kept: list[mx.array]) -> Any:
+        def keep(tokens: mx.array, logits: mx.array) -> mx.array:
+            if len(kept) < steps:
+                kept.append(logits[0])
+            return logits
 
-    tokens, text = [], ""
-    for r in stream_generate(
+        return keep
+
+    plain_kept: list[mx.array] = []
+    plain = stream_generate(
         model,
         tokenizer,
         mx.array(ids),
         max_tokens=max_tokens,
         sampler=make_sampler(0.0),
-        logits_processors=[keep],
-    ):
+        logits_processors=[keeper(plain_kept)],
+    )
+    tokens, text = _collect(plain)
+    drafted = DraftedStream(
+        model,
+        tokenizer,
+        list(ids),
+        max_tokens=max_tokens,
+        sampler=None,
+        logits_processors=[keeper([])],
+        prefill_step_size=2048,
+        prompt_progress_callback=lambda done, total: None,
+    )
+    assert _collect(drafted) == (tokens, text), "drafts changed one process's tokens"
+    return Reference(tokens, text, [row.tolist() for row in plain_kept])
+
+
+def _collect(responses: Any) -> tuple[list[int], str]:
+    tokens, text = [], ""
+    for r in responses:
         text += r.text
         if r.finish_reason != "stop":
             tokens.append(r.token)
-    return Reference(tokens, text, [row.tolist() for row in kept])
+    return tokens, text

@@ -49,6 +49,7 @@ def check_same_as_single_process(ranks: list[Rank], ref: Reference) -> dict:
     ]
     assert all(p > 0 for p in result["peak_memory_bytes"])
     assert result["generation_tps"] > 0 and result["prompt_tps"] > 0
+    assert result["drafted_tokens"] >= result["accepted_tokens"] >= 0  # the default: drafts
     return result
 
 

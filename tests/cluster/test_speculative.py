@@ -13,18 +13,22 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from cluster.speculative.draft_length import MAX_DRAFT, DraftLength
+from cluster.speculative.draft_length import FIRST_DRAFT, MAX_DRAFT, DraftLength
 from cluster.speculative.drafts import Drafts
 from cluster.speculative.lookup import Prediction, PromptLookup
 from cluster.speculative.verify import DraftingBatch
 
 
 def test_prompt_lookup_copies_what_followed_the_latest_match() -> None:
-    lookup = PromptLookup([1, 2, 3, 4, 5, 6, 1, 2])
-    assert lookup.propose([], 4) == [3, 4, 5, 6]
-    assert lookup.propose([3], 3) == [4, 5, 6]
-    assert lookup.propose([9, 9], 3) == []  # an unseen tail: nothing to copy
-    assert PromptLookup([7, 8, 7, 8]).propose([], 5) == [7, 8]  # the latest earlier match
+    lookup = PromptLookup()
+    history = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    assert lookup.may_match(history)  # [1, 2] came before: [1, 2, next] might
+    assert lookup.propose(history, 3, 4) == [4, 5, 6, 7]
+    assert lookup.propose(history, 9, 4) == []  # [1, 2, 9] never came: nothing to copy
+    assert not lookup.may_match([*history, 9, 8])  # [9, 8] is new: no wait for the next
+    again = [7, 8, 9, 1, 7, 8, 9, 2, 7, 8]
+    assert PromptLookup().propose(again, 9, 5) == [2, 7, 8]  # the latest earlier occurrence
+    assert PromptLookup().propose([4, 5], 6, 3) == []
 
 
 def test_a_prediction_is_followed_then_found_again() -> None:
@@ -37,18 +41,20 @@ def test_a_prediction_is_followed_then_found_again() -> None:
 
 def test_draft_length_grows_shrinks_and_pauses() -> None:
     d = DraftLength()
-    first = d.allowed()
+    assert d.ready()
+    first = d.limit
     d.record(first, first)
-    assert d.allowed() > first
-    for _ in range(10):
-        d.record(d.allowed(), d.limit)
-    assert d.allowed() == MAX_DRAFT
+    assert d.limit == 2 * first
+    for _ in range(5):
+        d.record(d.limit, d.limit)
+    assert d.limit == MAX_DRAFT
     d.record(MAX_DRAFT, 2)
-    assert d.allowed() == 3
-    d.record(3, 0)
-    d.record(1, 0)  # two misses in a row: no drafts for a while
-    assert [d.allowed() for _ in range(4)] == [0, 0, 0, 0]
-    assert d.allowed() > 0
+    assert d.limit == 3
+    d.record(3, 0)  # mostly rejected: no drafts for a while, then a fresh start
+    assert [d.ready() for _ in range(4)] == [False] * 4
+    assert d.ready() and d.limit == FIRST_DRAFT
+    d.record(2, 0)  # missed again at once: the next pause is twice as long
+    assert [d.ready() for _ in range(9)] == [False] * 8 + [True]
 
 
 def _decode(

@@ -151,7 +151,7 @@ def test_a_failed_write_leaves_nothing_and_keeps_the_old_model(
         (out / "model-00001-of-00003.safetensors").write_bytes(b"half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(tiny, "_save_weights_by_layer", disk_full)
+    monkeypatch.setattr(tiny, "save_weights_by_layer", disk_full)
     with pytest.raises(InputError, match="No space left on device"):
         write_tiny_model(tmp_path / "new" / "deep" / "m", layers=2)
     with pytest.raises(InputError, match="No space left on device"):

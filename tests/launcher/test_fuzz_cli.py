@@ -53,6 +53,7 @@ BASE: dict[str, list[str]] = {  # a command line that would fail fast if nothing
     "check": ["topology", "check", "--snapshot", NOWHERE],
     "snapshot": ["topology", "snapshot", f"{NOWHERE}/c.yaml", "--out", f"{NOWHERE}/out"],
     "tiny-model": ["tiny-model", f"{NOWHERE}/m"],
+    "import-gguf": ["import-gguf", f"{NOWHERE}/m.gguf", f"{NOWHERE}/m"],
     "agent": ["agent", "--snapshot", NOWHERE],
     "discover": ["discover", "--timeout", "0.5", "--write-cluster", f"{NOWHERE}/c.yaml"],
     "demo": ["demo", "--max-tokens", "1"],
@@ -95,6 +96,8 @@ POSITIONAL = {  # where the positional value goes, and how the error line names 
     "check": (["topology", "check"], [], "CLUSTER.yaml"),
     "snapshot": (["topology", "snapshot"], ["--out", f"{NOWHERE}/out"], "CLUSTER.yaml"),
     "tiny-model": (["tiny-model"], [], "DIRECTORY"),
+    "import-gguf": (["import-gguf"], [f"{NOWHERE}/m"], "FILE.gguf"),
+    "import-gguf DIRECTORY": (["import-gguf", f"{NOWHERE}/m.gguf"], [], "DIRECTORY"),
 }
 
 
@@ -168,6 +171,8 @@ def test_each_command_is_covered() -> None:
         ["launch", *BASE["launch"][1:], "--job-option", "x=" + "1" * 20_000],
         ["launch", *BASE["launch"][1:], "--strategy", "\x00"],
         ["tiny-model", f"{NOWHERE}/m", "--family", "\udcff"],
+        [*BASE["import-gguf"], "--dtype", "bfloat16\n"],
+        [*BASE["import-gguf"]],  # a GGUF file that does not exist
     ],
 )
 def test_other_hostile_arguments_are_one_line(
@@ -226,6 +231,7 @@ def _run(*argv: str | bytes) -> subprocess.CompletedProcess[bytes]:
         ((*BASE["launch"][:4], b"/tmp/\xff\xfe", "--prompt", "hi"), b"--model must be UTF-8"),
         ((*BASE["launch"], "--prompt", b"caf\xe9"), b"--prompt must be UTF-8"),
         (("tiny-model", b"/tmp/\xffmodel"), b"DIRECTORY must be UTF-8"),
+        (("import-gguf", b"/tmp/\xff.gguf", "/tmp/m"), b"FILE.gguf must be UTF-8"),
         (("topology", "check", "--hosts", b"a,\xc3"), b"--hosts must be UTF-8"),
         ((*BASE["launch"], "--temp", "nan"), b"--temp must be"),
         ((*BASE["serve"], "--port", str(10**30)), b"--port must be at most 65535"),

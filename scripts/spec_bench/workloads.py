@@ -1,0 +1,84 @@
+"""The prompts: *edit* asks for a Python function back with one parameter renamed (300–800
+tokens of code to copy, taken from this Python's own standard library, so every machine has the
+same ones), *chat* asks open questions with nothing to copy, *mixed* sends both at once from 8
+clients, and *prediction* is *edit* with the original code as the request's `prediction`."""
+
+from __future__ import annotations
+
+import ast
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MODULES = ("textwrap.py", "json/encoder.py", "json/decoder.py", "shlex.py", "fnmatch.py",
+           "difflib.py", "argparse.py", "configparser.py", "string.py", "calendar.py")  # fmt: skip
+QUESTIONS = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how rain forms, step by step, for a curious ten-year-old.",
+    "What are some good habits for learning a new language as an adult?",
+    "Describe the city of Rome to someone visiting it for the first time.",
+    "Why do we have seasons on Earth? Explain it simply.",
+    "Give me advice for my first job interview at a small company.",
+    "What makes a good friend? Give a few examples.",
+    "How do bees make honey, and why do they need so much of it?",
+)
+CHAT_MAX_TOKENS = 200
+
+
+@dataclass(frozen=True)
+class Request:
+    kind: str  # edit | chat | prediction
+    messages: list[dict[str, str]]
+    max_tokens: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def functions(tokenizer: Any, count: int, low: int = 300, high: int = 800) -> list[str]:
+    """`count` standard-library functions of low..high tokens, in a fixed order."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    found: list[str] = []
+    for name in MODULES:
+        source = (stdlib / name).read_text()
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef) and node.args.args:
+                code = ast.get_source_segment(source, node) or ""
+                if low <= len(tokenizer.encode(code)) <= high:
+                    found.append(code)
+                if len(found) == count:
+                    return found
+    return found
+
+
+def edit(code: str, tokenizer: Any, prediction: bool) -> Request:
+    fn = ast.parse(code).body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    old = fn.args.args[0].arg
+    ask = (
+        f"Here is a Python function:\n\n```python\n{code}\n```\n\nRewrite it with the "
+        f"parameter `{old}` renamed to `{old}_value`. Reply with the whole function only."
+    )
+    extra = {"prediction": {"type": "content", "content": code}} if prediction else {}
+    return Request(
+        "prediction" if prediction else "edit",
+        [{"role": "user", "content": ask}],
+        len(tokenizer.encode(code)) + 64,
+        extra,
+    )
+
+
+def chat(i: int) -> Request:
+    question = QUESTIONS[i % len(QUESTIONS)]
+    return Request("chat", [{"role": "user", "content": question}], CHAT_MAX_TOKENS)
+
+
+def workloads(tokenizer: Any, prompts: int) -> dict[str, list[list[Request]]]:
+    """Per workload, its rounds: each round is the requests sent at once (one per client)."""
+    codes = functions(tokenizer, max(prompts, 4))
+    edits = [edit(c, tokenizer, False) for c in codes]
+    return {
+        "edit": [[r] for r in edits[:prompts]],
+        "chat": [[chat(i)] for i in range(prompts)],
+        "mixed": [edits[:4] + [chat(i) for i in range(4)]],
+        "prediction": [[edit(c, tokenizer, True)] for c in codes[:prompts]],
+    }
