@@ -17,8 +17,7 @@ from cluster.serve.control import Step
 from cluster.serve.prefix_cache import PrefixCache
 from cluster.serve.sampling import Fault, guarded, request_processors, request_sampler
 from cluster.speculative.drafts import DraftCounts, Drafts
-from cluster.speculative.rewind import rewindable
-from cluster.speculative.verify import DraftingBatch
+from cluster.speculative.verify import install
 
 # The longest prompt chunk of a step; every step message sets the chunk (Step.chunk) below it.
 MAX_CHUNK = 2048
@@ -51,12 +50,7 @@ class Engine:
         self.cache = PrefixCache(cache_tokens)
         # Drafts are checked in the batch when every layer's cache can rewind row by row (off:
         # mlx-lm's own generation batch, untouched).
-        self.drafts: Drafts | None = None
-        if speculative and rewindable(make_prompt_cache(model)):
-            self.drafts = Drafts(lookup=True)
-            batch = DraftingBatch.empty(model, self.gen.sampler)
-            batch.drafts = self.drafts
-            self.gen._generation_batch = batch
+        self.drafts: Drafts | None = install(self.gen) if speculative else None
         self._draft_counts: dict[int, DraftCounts] = {}  # uids that finished this step
         self.active: set[int] = set()  # uids inserted and not yet finished or removed
         self.faults: dict[int, Fault] = {}  # uid -> what its sampler/processors raised

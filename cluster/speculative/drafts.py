@@ -22,7 +22,7 @@ class DraftCounts:
 
 @dataclass
 class _Sequence:
-    lookup: PromptLookup | None
+    lookup: PromptLookup
     prediction: Prediction | None
     prompt_len: int
     length: DraftLength = field(default_factory=DraftLength)
@@ -36,8 +36,7 @@ class Drafts:
     (`join`); before each step `wants` (from the tokens fed so far: no wait for the step in
     flight), then `propose` with the token fed next, and `record` of the outcome."""
 
-    def __init__(self, lookup: bool) -> None:
-        self.lookup = lookup  # prompt lookup for every sequence (off: predictions only)
+    def __init__(self) -> None:
         self._waiting: dict[int, Sequence[int] | None] = {}
         self._running: dict[int, _Sequence] = {}
 
@@ -50,7 +49,7 @@ class Drafts:
             return
         prediction = self._waiting.pop(uid)
         self._running[uid] = _Sequence(
-            lookup=PromptLookup() if self.lookup else None,
+            lookup=PromptLookup(),
             prediction=Prediction(prediction) if prediction else None,
             prompt_len=len(tokens),
         )
@@ -60,7 +59,7 @@ class Drafts:
         s = self._running.get(uid)
         if s is None or not s.length.ready():
             return False
-        return s.prediction is not None or (s.lookup is not None and s.lookup.may_match(history))
+        return s.prediction is not None or s.lookup.may_match(history)
 
     def propose(self, uid: int, history: list[int], pending: int) -> list[int]:
         """The draft to check after `pending` (the token fed next), given the tokens fed so far."""
@@ -72,7 +71,7 @@ class Drafts:
             draft = s.prediction.propose(answer[s.answer_seen :], limit)
             s.answer_seen = len(answer)
         s.from_prediction = bool(draft)
-        if not draft and s.lookup is not None:
+        if not draft:
             draft = s.lookup.propose(history, pending, limit)
         return draft
 

@@ -31,7 +31,8 @@ class RowOrder:
         self.orders: dict[int, list[int]] = {}  # uid -> logical position per physical slot
 
     def keep(self, uids: list[int]) -> None:
-        self.orders = {u: o for u, o in self.orders.items() if u in set(uids)}
+        kept = set(uids)
+        self.orders = {u: o for u, o in self.orders.items() if u in kept}
 
     def of(self, uid: int, length: int) -> list[int] | None:
         """The row's order over `length` entries; entries appended since are in order."""

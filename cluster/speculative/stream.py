@@ -13,8 +13,8 @@ import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationResponse
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from cluster.speculative.drafts import DraftCounts, Drafts
-from cluster.speculative.verify import DraftingBatch
+from cluster.speculative.drafts import DraftCounts
+from cluster.speculative.verify import install
 
 NO_LIMIT = 1 << 40  # max_tokens -1: until the end-of-turn token
 
@@ -49,17 +49,15 @@ class DraftedStream:
             prefill_batch_size=1,
             prefill_step_size=self.prefill_step_size,
         )
-        drafts = Drafts(lookup=True)
-        batch = DraftingBatch.empty(model, gen.sampler)
-        batch.drafts = drafts
-        gen._generation_batch = batch
+        drafts = install(gen)  # None: the model's caches cannot rewind, plain steps only
         (uid,) = gen.insert(
             [ids],
             max_tokens=[self.max_tokens if self.max_tokens > 0 else NO_LIMIT],
             samplers=None if self.sampler is None else [self.sampler],
             logits_processors=[self.processors or []],
         )
-        drafts.expect(uid, None)
+        if drafts is not None:
+            drafts.expect(uid, None)
         detokenizer = tokenizer.detokenizer
         detokenizer.reset()
         started = time.perf_counter()
@@ -78,7 +76,7 @@ class DraftedStream:
                         detokenizer.add_token(r.token)
                     if r.finish_reason is not None:
                         detokenizer.finalize()
-                        self.counts = drafts.forget(uid)
+                        self.counts = drafts.forget(uid) if drafts is not None else None
                     yield _response(r, detokenizer.last_segment, len(ids), prompt_tps, n, started)
                     if r.finish_reason is not None:
                         return

@@ -15,7 +15,8 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.generate import GenerationBatch
+from mlx_lm.generate import BatchGenerator, GenerationBatch
+from mlx_lm.models.cache import make_prompt_cache
 
 from cluster.speculative.drafts import Drafts
 from cluster.speculative.rewind import RowOrder, ordered_rows, rewind_rows, rewindable
@@ -193,3 +194,14 @@ class DraftingBatch(GenerationBatch):
 
 def _ints(values: mx.array) -> list[int]:
     return [int(v) for v in np.asarray(values).reshape(-1)]
+
+
+def install(gen: BatchGenerator) -> Drafts | None:
+    """Put a DraftingBatch in `gen` (still empty) and return its drafts' registry; None when the
+    model's caches cannot give entries back (sliding windows, SSM layers): no drafting there."""
+    if not rewindable(make_prompt_cache(gen.model)):
+        return None
+    batch = DraftingBatch.empty(gen.model, gen.sampler)
+    batch.drafts = Drafts()
+    gen._generation_batch = batch
+    return batch.drafts

@@ -15,9 +15,8 @@ import pytest
 from real_model import needs_smollm2
 
 from cluster.speculative.draft_length import FIRST_DRAFT, MAX_DRAFT, DraftLength
-from cluster.speculative.drafts import Drafts
 from cluster.speculative.lookup import Prediction, PromptLookup
-from cluster.speculative.verify import DraftingBatch
+from cluster.speculative.verify import install
 
 
 def test_prompt_lookup_copies_what_followed_the_latest_match() -> None:
@@ -70,10 +69,8 @@ def _decode(
     )
     registry = None
     if drafts is not None:
-        registry = Drafts(lookup=True)
-        batch = DraftingBatch.empty(model, gen.sampler)
-        batch.drafts = registry
-        gen._generation_batch = batch
+        registry = install(gen)
+        assert registry is not None
     which: dict[int, int] = {}
     out: dict[int, list[int]] = {}
     done: dict[int, tuple[list[int], str, list[int], list[Any], Any]] = {}
