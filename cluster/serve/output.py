@@ -1,5 +1,7 @@
 """Rank 0's output for one choice of a request: text through the stop strings, the model's
-tool calls parsed out of it, and logprobs — as `delta`, `tool_call` and `done` events."""
+tool calls read out of it (tool_stream.py), and logprobs — as `delta`, `tool_call` and `done`
+events. A call is one `tool_call` event with `call` {id, name, arguments}, then `tool_call`
+events with only `arguments`: the text its arguments grew by."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numpy as np
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.serve.requests import Request, StopScanner
+from cluster.serve.tool_stream import CallBody, Part, ToolCallText, call_head, json_calls
 from cluster.speculative.drafts import DraftCounts
 
 Emit = Callable[..., None]
@@ -21,54 +24,6 @@ Emit = Callable[..., None]
 def _token_entry(tokenizer: TokenizerWrapper, token: int, logprob: float) -> dict[str, Any]:
     text = tokenizer.decode([token])
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-
-
-class ToolCallText:
-    """Splits streamed text into plain text and complete calls between the model's markers.
-    Text that could still become a start marker is held back, so a call never leaks out as text.
-    """
-
-    def __init__(self, start: str, end: str) -> None:
-        self.start, self.end = start, end
-        self.held = ""  # text not yet known to be outside a call
-        self.call: str | None = None  # the call being read, once its start marker was seen
-
-    def feed(self, text: str) -> tuple[str, list[str]]:
-        """(plain text to send, the bodies of the calls that ended)."""
-        text, plain, calls = self.held + text, "", []
-        self.held = ""
-        while text:
-            if self.call is None:
-                i = text.find(self.start)
-                if i < 0:
-                    keep = _partial_suffix(text, self.start)
-                    plain += text[: len(text) - keep]
-                    self.held = text[len(text) - keep :]
-                    break
-                plain, text, self.call = plain + text[:i], text[i + len(self.start) :], ""
-            else:
-                j = (self.call + text).find(self.end)
-                if j < 0:
-                    self.call += text
-                    break
-                whole = self.call + text
-                calls.append(whole[:j])
-                text, self.call = whole[j + len(self.end) :], None
-        return plain, calls
-
-    def flush(self) -> str:
-        """At the end: what was held back, and an unfinished call, are text after all."""
-        out = self.held + ("" if self.call is None else self.start + self.call)
-        self.held, self.call = "", None
-        return out
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that begins `marker`."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
 
 
 class ChoiceOutput:
@@ -89,11 +44,14 @@ class ChoiceOutput:
         self.tokens: list[int] = []
         self.logprobs: list[dict[str, Any]] = []  # entries not yet sent with a delta
         self.calls = 0
-        self.forced_text = ""  # a forced call without markers: the whole output is the call
         self.tool_text: ToolCallText | None = None
         start, end = tokenizer.tool_call_start, tokenizer.tool_call_end
         if request.tool_mode != "none" and start and end:
             self.tool_text = ToolCallText(start, end)
+        self.forced = request.tool_mode == "forced"
+        # Calls in JSON stream their arguments; a model's own format is parsed when it ends.
+        self.incremental = self.forced or json_calls(tokenizer)
+        self.body: CallBody | None = None  # the call being read
 
     def token(self, token: int, finish: str | None, logprobs: mx.array) -> bool:
         """One generated token (finish: the batch's reason when it is the last); returns
@@ -124,22 +82,69 @@ class ChoiceOutput:
         return {**_token_entry(self.tokenizer, token, float(values[token])), "top_logprobs": top}
 
     def _text(self, piece: str, final: bool) -> None:
-        calls: list[str] = []
-        if self.request.tool_mode == "forced" and self.tool_text is None:
-            self.forced_text += piece  # bare JSON: parsed whole at the end
-            piece = ""
-            if final:
-                calls = [self.forced_text]
+        parts: list[Part]
+        if self.forced and self.tool_text is None:
+            parts = [("call", piece)]  # no markers: the whole output is one call
         elif self.tool_text is not None:
-            piece, calls = self.tool_text.feed(piece)
-            if final:
-                piece += self.tool_text.flush()
-            if self.request.tool_mode == "forced":
-                piece = ""  # the grammar allows only separators between forced calls
-        if piece or (final and self.logprobs):
-            self.emit("delta", id=self.request.id, index=self.index, text=piece, **self._lp())
-        for body in calls:
-            self._call(body)
+            parts = self.tool_text.feed(piece) + (self.tool_text.flush() if final else [])
+        else:
+            parts = [("text", piece)]
+        text = ""
+        for kind, s in parts:
+            if kind == "text" and not self.forced:  # forced: only separators between calls
+                text += s
+            elif kind != "text":
+                text = self._send(text)
+                if kind == "call":
+                    self._piece(s)
+                else:
+                    self._end_call(cut=False)
+        if final and self.body is not None:
+            text = self._send(text)
+            self._end_call(cut=True)
+        if final and self.forced and not self.calls and len(self.request.forced_names) == 1:
+            self._announce(self.request.forced_names[0], "")  # cut before its marker: named
+        if text or (final and self.logprobs):
+            self._send(text, force=True)
+
+    def _send(self, text: str, force: bool = False) -> str:
+        """Text before a call goes out before it (Anthropic's blocks keep that order)."""
+        if text or force:
+            self.emit("delta", id=self.request.id, index=self.index, text=text, **self._lp())
+        return ""
+
+    def _piece(self, piece: str) -> None:
+        if self.body is None:
+            names = tuple(t["function"]["name"] for t in self.request.tools or [])
+            self.body = CallBody(self.incremental, self.request.forced_names or names, self.forced)
+        name, arguments = self.body.feed(piece)
+        if name is not None:
+            self._announce(name, arguments)
+        elif arguments:
+            self.emit("tool_call", id=self.request.id, index=self.index, arguments=arguments)
+
+    def _announce(self, name: str, arguments: str) -> None:
+        call = {"id": "call_" + uuid.uuid4().hex[:24], "name": name, "arguments": arguments}
+        self.emit("tool_call", id=self.request.id, index=self.index, call=call)
+        self.calls += 1
+
+    def _end_call(self, cut: bool) -> None:
+        """A call's end marker, or the end of the output with a call open. A call already
+        announced is done; a whole one is parsed now. A call cut by max_tokens stays a call when
+        its name is settled and is dropped (never given out as raw text) when it is not; a cut
+        body that never looked like a JSON call goes back as text, as before."""
+        body, self.body = self.body, None
+        if body is None or body.name is not None:
+            return
+        if not cut:
+            self._call(body.text)
+            return
+        settled = self._parse(body.text) or body.cut()  # whole but for its end marker, or cut
+        if settled is not None:
+            self._announce(*settled)
+        elif not self.forced and call_head(body.text).state == "no":
+            start = self.tokenizer.tool_call_start or ""
+            self.emit("delta", id=self.request.id, index=self.index, text=start + body.text)
 
     def _lp(self) -> dict[str, Any]:
         if self.request.logprobs is None:
@@ -147,8 +152,8 @@ class ChoiceOutput:
         sent, self.logprobs = self.logprobs, []
         return {"logprobs": sent}
 
-    def _call(self, body: str) -> None:
-        """One call's text → a tool_call event (the model's own parser in auto mode)."""
+    def _parse(self, body: str) -> tuple[str, str] | None:
+        """(name, arguments) of a whole call's text (the model's own parser in auto mode)."""
         try:
             if self.request.tool_mode == "auto" and self.tokenizer.tool_parser is not None:
                 parsed = self.tokenizer.tool_parser(body, self.request.tools)
@@ -156,13 +161,16 @@ class ChoiceOutput:
                 parsed = json.loads(body)
             name, arguments = str(parsed["name"]), parsed.get("arguments", {})
         except Exception:  # not a call after all (a random model may open one and ramble)
+            return None
+        return name, arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+    def _call(self, body: str) -> None:
+        """One whole call's text → a tool_call event, or text when it is not a call."""
+        call = self._parse(body)
+        if call is None:
             self.emit("delta", id=self.request.id, index=self.index, text=body)
-            return
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments)
-        call = {"id": "call_" + uuid.uuid4().hex[:24], "name": name, "arguments": arguments}
-        self.emit("tool_call", id=self.request.id, index=self.index, call=call)
-        self.calls += 1
+        else:
+            self._announce(*call)
 
     def _done(self, finish: str) -> None:
         if self.calls and finish == "stop":

@@ -15,6 +15,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.serve.constraints import GrammarError, check_grammar, json_grammar, tool_call_grammar
 from cluster.serve.control import Sampling
+from cluster.serve.tool_stream import json_calls
 
 MAX_SEED = 2**63 - 1  # seeds are int64 for OpenAI; n choices add their index, and MLX takes uint64
 
@@ -46,6 +47,7 @@ class Request:
     logprobs: int | None = None  # top alternatives per token (0: the chosen only; None: off)
     tools: list[dict[str, Any]] | None = None
     tool_mode: str = "none"  # auto: parse the model's calls; forced: the grammar makes calls
+    forced_names: tuple[str, ...] = ()  # forced: the tools the grammar lets it call
     count_only: bool = False  # only count the prompt's tokens
     prediction: list[int] | None = None  # the client's predicted output, as a draft source
 
@@ -85,31 +87,33 @@ def prompt_ids(request: dict[str, Any], tokenizer: TokenizerWrapper, vocab: int)
 def _json_tool_markers(tokenizer: TokenizerWrapper) -> tuple[str | None, str | None]:
     """The model's call markers when its calls are {"name", "arguments"} JSON between them
     (mlx-lm's json_tools format); else none: a forced call is then the bare JSON object."""
-    parser = tokenizer.tool_parser
-    if parser is not None and getattr(parser, "__module__", "").endswith(".json_tools"):
+    if json_calls(tokenizer):
         return tokenizer.tool_call_start, tokenizer.tool_call_end
     return None, None
 
 
-def _tools(raw: dict[str, Any], tokenizer: TokenizerWrapper) -> tuple[str, str | None]:
-    """(tool mode, the grammar forcing calls or None)."""
+Tools = tuple[str, tuple[str, ...], str | None]
+
+
+def _tools(raw: dict[str, Any], tokenizer: TokenizerWrapper) -> Tools:
+    """(tool mode, the names a forced call may take, the grammar forcing calls or None)."""
     tools = raw.get("tools") or []
     choice: Any = raw.get("tool_choice") or "auto"  # "auto" | "none" | "required" | {"name"}
     if not tools or choice == "none":
-        return "none", None
+        return "none", (), None
     if choice == "auto":
-        return ("auto" if tokenizer.has_tool_calling else "none"), None
+        return ("auto" if tokenizer.has_tool_calling else "none"), (), None
     if choice == "required":
         names = [t["function"]["name"] for t in tools if t.get("function")]
     else:
         names = [str(choice["name"])]
     start, end = _json_tool_markers(tokenizer)
     many = bool(raw.get("parallel_tool_calls", True)) and choice == "required"
-    return "forced", tool_call_grammar(tools, names, start, end, many)
+    return "forced", tuple(names), tool_call_grammar(tools, names, start, end, many)
 
 
-def _grammar(raw: dict[str, Any], tokenizer: TokenizerWrapper) -> tuple[str, str | None]:
-    mode, grammar = _tools(raw, tokenizer)
+def _grammar(raw: dict[str, Any], tokenizer: TokenizerWrapper) -> Tools:
+    mode, names, grammar = _tools(raw, tokenizer)
     fmt = raw.get("response_format") or {}
     if grammar is None and fmt.get("type") == "json_schema":
         grammar = json_grammar(fmt.get("schema") or {})
@@ -117,7 +121,7 @@ def _grammar(raw: dict[str, Any], tokenizer: TokenizerWrapper) -> tuple[str, str
         grammar = json_grammar(None)
     if grammar is not None:
         check_grammar(grammar, tokenizer)
-    return mode, grammar
+    return mode, names, grammar
 
 
 def _sampling(raw: dict[str, Any], grammar: str | None, vocab: int) -> Sampling:
@@ -194,7 +198,7 @@ def parse_line(line: str, tokenizer: TokenizerWrapper, limits: Limits) -> Reques
         if raw.get("count_only"):
             return Request(request_id, ids, 0, Sampling(), count_only=True)
         max_tokens = _max_tokens(raw, len(ids), limits.context)
-        mode, grammar = _grammar(raw, tokenizer)
+        mode, names, grammar = _grammar(raw, tokenizer)
         logprobs = raw.get("logprobs")
         return Request(
             id=request_id,
@@ -206,6 +210,7 @@ def parse_line(line: str, tokenizer: TokenizerWrapper, limits: Limits) -> Reques
             logprobs=None if logprobs is None else int(logprobs),
             tools=raw.get("tools") or None,
             tool_mode=mode,
+            forced_names=names,
             prediction=_prediction(raw, tokenizer, limits.vocab),
         )
     except GrammarError as e:

@@ -26,6 +26,7 @@ from launcher.serve.request_api import (
     string_list,
     tool_name,
 )
+from launcher.serve.strict_schema import strict_flag, strict_schema
 
 MAX_STOP_SEQUENCES = 16  # Anthropic sets no limit; rank 0 scans each at every delta
 MAX_TOOLS = 128
@@ -162,6 +163,8 @@ def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise bad(f"{at}.input_schema must be a JSON schema object", f"{at}.input_schema")
+        if strict_flag(tool.get("strict"), f"{at}.strict"):
+            schema = strict_schema(schema, f"{at}.input_schema")
         function: dict[str, Any] = {"name": name, "parameters": schema}
         if tool.get("description") is not None:
             if not isinstance(tool["description"], str):

@@ -4,28 +4,20 @@ non-streamed /v1/messages request, its event stream, and /v1/messages/count_toke
 The stream is Anthropic's sequence: message_start, ping, then per content block (text, or one
 tool_use per tool call) content_block_start / content_block_delta (text_delta or
 input_json_delta) / content_block_stop, then message_delta (stop_reason, usage) and
-message_stop. Usage follows Anthropic's meaning: input_tokens excludes the prompt tokens read
-from the prefix cache, which are cache_read_input_tokens.
+message_stop. A tool_use block's input streams as it is generated; a call cut by max_tokens stays
+a tool_use block (stop_reason max_tokens). Usage follows Anthropic's meaning: input_tokens
+excludes the prompt tokens read from the prefix cache, which are cache_read_input_tokens.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from launcher.serve.openai_bodies import Event, count, progress_comment, sse
+from launcher.serve.partial_json import partial_object
 from launcher.serve.request_api import GenerateRequest
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-
-
-def tool_input(arguments: Any) -> Any:
-    """A tool call's JSON arguments as Anthropic's `input` object ({} if they do not parse)."""
-    try:
-        parsed = json.loads(str(arguments))
-    except (json.JSONDecodeError, RecursionError):
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
 
 
 class AnthropicAnswer:
@@ -34,7 +26,8 @@ class AnthropicAnswer:
     def __init__(self, generate: GenerateRequest, request_id: str, model: str) -> None:
         self.id, self.model = request_id, model
         self.text = ""
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []  # tool_use blocks without their input
+        self.arguments: list[str] = []  # each call's JSON arguments as generated
         self.blocks = 0  # content blocks started so far (the stream's block index)
         self.open_block: str | None = None  # the kind of the block being streamed
         self.started = self.finished = False
@@ -70,21 +63,27 @@ class AnthropicAnswer:
             delta = {"type": "text_delta", "text": text}
             frames.append(self._event("content_block_delta", index=self.blocks - 1, delta=delta))
         elif name == "tool_call":
-            call = event.get("call") or {}
-            block = {
-                "type": "tool_use",
-                "id": str(call.get("id", "")),
-                "name": str(call.get("name", "")),
-                "input": tool_input(call.get("arguments", "{}")),
-            }
-            self.calls.append(block)
-            frames += self._open("tool_use", {**block, "input": {}})
-            arguments = str(call.get("arguments", "{}"))
-            delta = {"type": "input_json_delta", "partial_json": arguments}
-            frames.append(self._event("content_block_delta", index=self.blocks - 1, delta=delta))
-            frames += self._close()
+            frames += self._tool_call(event)
         elif name == "done" and not self.finished:
             frames += self._end(event)
+        return frames
+
+    def _tool_call(self, event: Event) -> list[bytes]:
+        """A tool_use block opens when its call starts; its arguments follow as
+        input_json_delta as they grow (the block stays open until the next one or the end)."""
+        frames, call = [], event.get("call")
+        if call is not None:
+            block = {"type": "tool_use", "id": str(call.get("id", "")), "name": str(call["name"])}
+            self.calls.append(block)
+            self.arguments.append("")
+            frames += self._open("tool_use", {**block, "input": {}})
+            more = str(call.get("arguments") or "")
+        else:
+            more = str(event.get("arguments") or "")
+        if more and self.calls and self.open_block == "tool_use":
+            self.arguments[-1] += more
+            delta = {"type": "input_json_delta", "partial_json": more}
+            frames.append(self._event("content_block_delta", index=self.blocks - 1, delta=delta))
         return frames
 
     def _event(self, name: str, **body: Any) -> bytes:
@@ -120,8 +119,10 @@ class AnthropicAnswer:
         sequence = event.get("stop_sequence")
         if isinstance(sequence, str) and sequence and finish == "stop":
             self.stop_reason, self.stop_sequence = "stop_sequence", sequence
-        else:
-            self.stop_reason = "tool_use" if self.calls else STOP_REASONS.get(finish, "end_turn")
+        elif self.calls and finish in ("stop", "tool_calls"):
+            self.stop_reason = "tool_use"
+        else:  # a call cut by max_tokens is still a tool_use block, under max_tokens
+            self.stop_reason = STOP_REASONS.get(finish, "end_turn")
         frames = [] if self.blocks else self._open("text", {"type": "text", "text": ""})
         frames += self._close()
         delta = {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence}
@@ -148,9 +149,14 @@ class AnthropicAnswer:
 
     def body(self) -> dict[str, Any]:
         """The whole message: its text block (even an empty one when there is nothing else),
-        then one tool_use block per call."""
+        then one tool_use block per call; a cut call's input is the object its arguments were
+        becoming (partial_json.py)."""
         text = [{"type": "text", "text": self.text}] if self.text or not self.calls else []
-        return {**self._message(text + self.calls), "usage": self._usage()}
+        uses = [
+            {**block, "input": partial_object(arguments)}
+            for block, arguments in zip(self.calls, self.arguments, strict=True)
+        ]
+        return {**self._message(text + uses), "usage": self._usage()}
 
 
 class CountAnswer:

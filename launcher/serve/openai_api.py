@@ -28,6 +28,7 @@ from launcher.serve.request_api import (
     string_list,
     tool_name,
 )
+from launcher.serve.strict_schema import strict_flag, strict_schema
 
 __all__ = ["ApiError", "GenerateRequest", "new_id", "parse_chat", "parse_completion"]
 
@@ -200,7 +201,10 @@ def response_format(value: Any) -> dict[str, Any] | None:
                 f"'response_format.json_schema.{key}' has the wrong type",
                 f"response_format.json_schema.{key}",
             )
-    return {"type": "json_schema", "schema": spec["schema"]}
+    schema = spec["schema"]
+    if spec.get("strict"):
+        schema = strict_schema(schema, "response_format.json_schema.schema")
+    return {"type": "json_schema", "schema": schema}
 
 
 def _text(content: Any, where: str, param: str = "messages") -> str:
@@ -300,6 +304,9 @@ def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
                 if not isinstance(function[key], types):
                     raise bad(f"{at}.function.{key} has the wrong type", f"{at}.function.{key}")
                 kept[key] = function[key]
+        if strict_flag(function.get("strict"), f"{at}.function.strict"):
+            params = kept.get("parameters", {"type": "object", "properties": {}})
+            kept["parameters"] = strict_schema(params, f"{at}.function.parameters")
         tools.append({"type": "function", "function": kept})
     return tuple(tools)
 

@@ -2,9 +2,10 @@
 non-streamed request, or the server-sent chunks of a streamed one (ending in `data: [DONE]`).
 
 Rank 0 sends, per choice (`index`, absent = 0): `begin`, `delta` {text, logprobs?},
-`tool_call` {call: {id, name, arguments}} and `done` {finish_reason, token counts}; a request with
-n choices ends after n `done` events. Usage counts the shared prompt once and every choice's
-completion tokens.
+`tool_call` {call: {id, name, arguments}} when a call starts and `tool_call` {arguments} as its
+arguments grow, and `done` {finish_reason, token counts}; a request with n choices ends after n
+`done` events. A call cut by max_tokens keeps its partial arguments and `finish_reason: length`.
+Usage counts the shared prompt once and every choice's completion tokens.
 """
 
 from __future__ import annotations
@@ -136,14 +137,27 @@ class OpenAIAnswer:
             choice.offset += sum(len(str(e.get("token", ""))) for e in entries)
             return [sse(chunk)]
         if name == "tool_call" and self.kind == "chat":
-            call = tool_call_body(event.get("call") or {})
-            position = len(choice.tool_calls)
-            choice.tool_calls.append(call)
-            delta = {"tool_calls": [{"index": position, **call}]}
+            part = self._tool_call(choice, event)
+            if part is None:
+                return []
+            delta = {"tool_calls": [part]}
             return [sse(self._chunk([{"index": index, "delta": delta, **self._none()}]))]
         if name == "done" and choice.finish is None:
             return [sse(self._done(index, choice, event))]
         return []
+
+    def _tool_call(self, choice: Choice, event: Event) -> dict[str, Any] | None:
+        """A call's first delta (index, id, type, name, the arguments so far), or the text its
+        arguments grew by, as OpenAI streams them; the call is kept for the whole answer."""
+        if event.get("call") is not None:
+            call = tool_call_body(event["call"])
+            choice.tool_calls.append(call)
+            return {"index": len(choice.tool_calls) - 1, **call}
+        more = str(event.get("arguments") or "")
+        if not choice.tool_calls or not more:
+            return None  # never expected: arguments before their call's start
+        choice.tool_calls[-1]["function"]["arguments"] += more
+        return {"index": len(choice.tool_calls) - 1, "function": {"arguments": more}}
 
     def _none(self) -> dict[str, Any]:
         return {"logprobs": None, "finish_reason": None}

@@ -90,6 +90,33 @@ def test_forced_tool_calls_validate_against_their_schemas(
     ]
 
 
+def test_a_forced_call_cut_by_max_tokens_stays_a_call(server: Server) -> None:
+    """The tiny model writes its calls between <tool_call> markers; cut inside the arguments,
+    the answer is still the named call with the arguments so far, streamed as they grow."""
+    client = server.client(KEY)
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    fields: Any = {"model": "m", "messages": USER, "tools": TOOLS, "tool_choice": choice}
+    fields |= {"temperature": 0, "parallel_tool_calls": False}
+    whole = client.chat.completions.create(**fields, max_tokens=300)
+    assert whole.usage is not None and whole.choices[0].message.tool_calls
+    arguments = whole.choices[0].message.tool_calls[0].function.arguments
+    for cut in range(whole.usage.completion_tokens - 1, 0, -1):  # the last token inside them
+        out = client.chat.completions.create(**fields, max_tokens=cut).choices[0]
+        assert out.finish_reason == "length" and out.message.content is None, out
+        (call,) = out.message.tool_calls or []
+        assert call.function.name == "get_weather"
+        if call.function.arguments != arguments:
+            break
+    assert 0 < len(call.function.arguments) < len(arguments)
+    assert arguments.startswith(call.function.arguments)
+    chunks = list(client.chat.completions.create(**fields, max_tokens=cut, stream=True))
+    parts = [p for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or []]
+    assert len(parts) > 2 and parts[0].function.name == "get_weather"
+    calls, finish = _streamed_calls(chunks)
+    assert finish == "length" and [c.function.arguments for c in calls] == [call.function.arguments]
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+
+
 def test_tool_call_round_trip_goes_through_the_template(server: Server, tiny_model: Path) -> None:
 
     arguments = '{"city": "Paris", "unit": "celsius"}'
