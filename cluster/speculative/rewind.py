@@ -72,11 +72,19 @@ def rewind_rows(caches: list[Any], uids: list[int], junk: list[int], order: RowO
             moves.append((i, padding[i], end - valid, valid))
             order.of(uids[i], valid)
             padding[i] = end - valid
+    # The moved entries are copied out first: a slice assignment whose source reads the same
+    # buffer cannot update it in place, and MLX would copy every layer's whole cache per move.
+    pieces = [
+        [(mx.contiguous(c.keys[i : i + 1, :, s : s + n, :]),
+          mx.contiguous(c.values[i : i + 1, :, s : s + n, :])) for i, s, _, n in moves]
+        for c in caches
+    ]  # fmt: skip
+    mx.eval(pieces)
     new_padding = mx.array(padding)
-    for c in caches:
-        for i, src, dst, n in moves:
-            c.keys[i : i + 1, :, dst : dst + n, :] = c.keys[i : i + 1, :, src : src + n, :]
-            c.values[i : i + 1, :, dst : dst + n, :] = c.values[i : i + 1, :, src : src + n, :]
+    for c, layer in zip(caches, pieces, strict=True):
+        for (i, _, dst, n), (keys, values) in zip(moves, layer, strict=True):
+            c.keys[i : i + 1, :, dst : dst + n, :] = keys
+            c.values[i : i + 1, :, dst : dst + n, :] = values
         c.left_padding = new_padding
         c.offset = c._idx - new_padding
 
