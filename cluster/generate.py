@@ -23,6 +23,7 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.job import RankJob
+from cluster.speculative.exchange import job_drafts
 from cluster.speculative.stream import DraftedStream
 from topology.errors import InputError
 
@@ -139,6 +140,7 @@ def decode(
             logits_processors=processors,
             prefill_step_size=PREFILL_STEP,
             prompt_progress_callback=prompt_progress,
+            drafts=job_drafts(job.options, job.rank, group, generation_stream),
         )
     else:
         responses = stream_generate(

@@ -64,6 +64,7 @@ def _bench(job: RankJob, group: Any, reporter: Reporter) -> None:
 
     from cluster.generate import barrier, gather_peak_memory
     from cluster.load import shard_for_job
+    from cluster.speculative.exchange import job_drafts
 
     reporter.enter("load", model=job.model, strategy=job.strategy)
     started = time.monotonic()
@@ -74,30 +75,38 @@ def _bench(job: RankJob, group: Any, reporter: Reporter) -> None:
     vocab = int(shard.config["vocab_size"])
     ids = mx.random.randint(0, vocab, (prompt_tokens,), key=mx.random.key(job.seed))
     ids = ids.astype(mx.int32)
+    drafting = job.options.get("speculative", "off") == "on"
+    if drafting:  # a block said twice: what follows can be copied, as agents' answers copy
+        half = prompt_tokens // 2
+        ids = mx.concatenate([ids[: prompt_tokens - half], ids[:half]])
     mx.eval(ids)
     mx.reset_peak_memory()  # the peak of inference: weights + KV cache + activations
-    timed: list[list[float]] = []
+    timed: list[dict[str, Any]] = []
     with wired_limit(shard.model, [generation_stream]):  # type: ignore[list-item]
         for trial in range(warmup + trials):
-            times = _timed_decode(shard.model, ids, gen_tokens, job.rank, reporter.emit)
+            if drafting:
+                drafts = job_drafts(job.options, job.rank, group, generation_stream)
+                run = _timed_drafted_decode(shard.model, ids, gen_tokens, drafts, reporter.emit)
+            else:
+                run = {"token_times_s": _timed_decode(shard.model, ids, gen_tokens, reporter.emit)}
             # generate_step runs one step ahead: let its collectives finish before any other.
             mx.synchronize(generation_stream)
             if trial >= warmup:
-                timed.append(times)
+                timed.append(run)
     peaks = gather_peak_memory(int(mx.get_peak_memory()), group)
     if job.rank == 0:
         reporter.emit(
             "result",
             prompt_tokens=prompt_tokens,
             generation_tokens=gen_tokens,
-            trials=[{"token_times_s": t} for t in timed],
+            trials=timed,
             peak_memory_bytes=peaks,
             load_s=load_s,
         )
     barrier(group)
 
 
-def _timed_decode(model: Any, ids: Any, gen_tokens: int, rank: int, emit: Any) -> list[float]:
+def _timed_decode(model: Any, ids: Any, gen_tokens: int, emit: Any) -> list[float]:
     """Seconds from the start to each of exactly gen_tokens greedy tokens (EOS ignored)."""
     from mlx_lm.generate import generate_step
 
@@ -115,3 +124,49 @@ def _timed_decode(model: Any, ids: Any, gen_tokens: int, rank: int, emit: Any) -
         raise RuntimeError(f"decoded {len(times)} tokens, expected {gen_tokens}")
     emit("progress", stage="decode", tokens=len(times))
     return times
+
+
+def _timed_drafted_decode(
+    model: Any, ids: Any, gen_tokens: int, with_model: Any, emit: Any
+) -> dict[str, Any]:
+    """As _timed_decode with drafts checked in the forward (bench --speculative on): prompt
+    lookup's, or `with_model`'s (a draft model's Drafts); the tokens of one check arrive
+    together, and the trial carries its draft counts."""
+    import numpy as np
+    from mlx_lm.generate import BatchGenerator
+
+    from cluster.speculative.verify import install
+
+    gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=1, prefill_batch_size=1)
+    drafts = install(gen, with_model)
+    prompt = [int(t) for t in np.asarray(ids).reshape(-1)]
+    (uid,) = gen.insert([prompt], max_tokens=[gen_tokens])
+    if drafts is not None:
+        drafts.expect(uid, None)
+    times: list[float] = []
+    counts = None
+    last_event = 0.0
+    emit("progress", stage="prompt", done=0, total=int(ids.size))
+    start = time.perf_counter()
+    try:
+        while len(times) < gen_tokens:
+            _, responses = gen.next()
+            now = time.perf_counter()
+            for r in responses:
+                times.append(round(now - start, 6))
+                if r.finish_reason is not None and drafts is not None:
+                    counts = drafts.forget(uid)
+            if now - last_event >= PROGRESS_EVERY_S:
+                emit("progress", stage="decode", tokens=len(times))
+                last_event = now
+    finally:
+        gen.close()
+    if len(times) != gen_tokens:
+        raise RuntimeError(f"decoded {len(times)} tokens, expected {gen_tokens}")
+    emit("progress", stage="decode", tokens=len(times))
+    return {
+        "token_times_s": times,
+        "drafted_tokens": counts.drafted if counts else 0,
+        "accepted_tokens": counts.accepted if counts else 0,
+        "draft_checks": counts.checks if counts else 0,
+    }

@@ -37,6 +37,7 @@ class Engine:
         max_running: int,
         cache_tokens: int,
         speculative: bool = True,
+        drafts: Drafts | None = None,  # a draft model's (speculative/exchange.py); None: lookup
     ) -> None:
         self.tokenizer = tokenizer
         self.gen = BatchGenerator(
@@ -50,7 +51,7 @@ class Engine:
         self.cache = PrefixCache(cache_tokens)
         # Drafts are checked in the batch when every layer's cache can rewind row by row (off:
         # mlx-lm's own generation batch, untouched).
-        self.drafts: Drafts | None = install(self.gen) if speculative else None
+        self.drafts: Drafts | None = install(self.gen, drafts) if speculative else None
         self._draft_counts: dict[int, DraftCounts] = {}  # uids that finished this step
         self.active: set[int] = set()  # uids inserted and not yet finished or removed
         self.faults: dict[int, Fault] = {}  # uid -> what its sampler/processors raised

@@ -25,6 +25,7 @@ from cluster.serve.control import Step, share
 from cluster.serve.engine import MAX_CHUNK, Engine
 from cluster.serve.requests import Limits
 from cluster.serve.scheduler import Scheduler
+from cluster.speculative.exchange import job_drafts
 
 DEFAULT_MAX_RUNNING = 8
 DEFAULT_CACHE_TOKENS = 1 << 16
@@ -77,6 +78,9 @@ def serve(
         options.max_running,
         options.prefix_cache_tokens,
         options.speculative,
+        job_drafts(job.options, job.rank, group, generation_stream)
+        if options.speculative
+        else None,
     )
     scheduler = (
         Scheduler(

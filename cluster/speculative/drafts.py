@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from cluster.speculative.draft_length import DraftLength
+from cluster.speculative.draft_model import ModelDrafter
 from cluster.speculative.lookup import Prediction, PromptLookup
 
 
@@ -31,14 +32,28 @@ class _Sequence:
     from_prediction: bool = False  # where the draft being checked came from
 
 
+# Rank 0's drafts of a step on every rank (None from the others): set with a draft model,
+# whose drafts only rank 0 can make. Called at the same steps on every rank.
+Exchange = Callable[[list[list[int]] | None], list[list[int]]]
+
+
 class Drafts:
     """Registered when a request is inserted (`expect`), joined when its prompt is read
     (`join`); before each step `wants` (from the tokens fed so far: no wait for the step in
-    flight), then `propose` with the token fed next, and `record` of the outcome."""
+    flight), then `propose` with the token fed next, and `record` of the outcome.
 
-    def __init__(self) -> None:
+    With a draft model (`model_drafts`), a sequence with nothing to copy drafts from the model;
+    rank 0 (`drafter` set) proposes every draft and `exchange` hands them to the other ranks."""
+
+    def __init__(
+        self,
+        drafter: ModelDrafter | None = None,
+        exchange: Exchange | None = None,
+    ) -> None:
         self._waiting: dict[int, Sequence[int] | None] = {}
         self._running: dict[int, _Sequence] = {}
+        self.drafter, self.exchange = drafter, exchange
+        self.model_drafts = exchange is not None  # the same on every rank, drafter or not
 
     def expect(self, uid: int, prediction: Sequence[int] | None) -> None:
         self._waiting[uid] = prediction
@@ -59,7 +74,7 @@ class Drafts:
         s = self._running.get(uid)
         if s is None or not s.length.ready():
             return False
-        return s.prediction is not None or s.lookup.may_match(history)
+        return self.model_drafts or s.prediction is not None or s.lookup.may_match(history)
 
     def propose(self, uid: int, history: list[int], pending: int) -> list[int]:
         """The draft to check after `pending` (the token fed next), given the tokens fed so far."""
@@ -73,6 +88,8 @@ class Drafts:
         s.from_prediction = bool(draft)
         if not draft:
             draft = s.lookup.propose(history, pending, limit)
+        if not draft and self.drafter is not None:
+            draft = self.drafter.propose(uid, history, pending, limit)
         return draft
 
     def record(self, uid: int, drafted: int, accepted: int) -> None:
@@ -88,6 +105,8 @@ class Drafts:
 
     def forget(self, uid: int) -> DraftCounts | None:
         self._waiting.pop(uid, None)
+        if self.drafter is not None:
+            self.drafter.forget(uid)
         s = self._running.pop(uid, None)
         return None if s is None else s.counts
 

@@ -13,7 +13,7 @@ import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator, GenerationResponse
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from cluster.speculative.drafts import DraftCounts
+from cluster.speculative.drafts import DraftCounts, Drafts
 from cluster.speculative.verify import install
 
 NO_LIMIT = 1 << 40  # max_tokens -1: until the end-of-turn token
@@ -34,11 +34,13 @@ class DraftedStream:
         logits_processors: list[Callable[[mx.array, mx.array], mx.array]] | None,
         prefill_step_size: int,
         prompt_progress_callback: Callable[[int, int], None],
+        drafts: Drafts | None = None,  # a draft model's (exchange.py); None: prompt lookup
     ) -> None:
         self.model, self.tokenizer, self.ids = model, tokenizer, ids
         self.max_tokens, self.sampler, self.processors = max_tokens, sampler, logits_processors
         self.prefill_step_size, self.progress = prefill_step_size, prompt_progress_callback
         self.counts: DraftCounts | None = None
+        self.drafts = drafts
 
     def __iter__(self) -> Iterator[GenerationResponse]:
         model, tokenizer, ids = self.model, self.tokenizer, self.ids
@@ -49,7 +51,9 @@ class DraftedStream:
             prefill_batch_size=1,
             prefill_step_size=self.prefill_step_size,
         )
-        drafts = install(gen)  # None: the model's caches cannot rewind, plain steps only
+        drafts = install(
+            gen, self.drafts
+        )  # None: the model's caches cannot rewind, plain steps only
         (uid,) = gen.insert(
             [ids],
             max_tokens=[self.max_tokens if self.max_tokens > 0 else NO_LIMIT],

@@ -68,11 +68,16 @@ class DraftingBatch(GenerationBatch):
         wanting = [self.drafts.wants(uid, self.tokens[i]) for i, uid in enumerate(self.uids)]
         if not any(wanting):
             return None
-        pending = _ints(self._next_tokens)
-        out = [
-            self.drafts.propose(uid, self.tokens[i], pending[i])[:width] if wanting[i] else []
-            for i, uid in enumerate(self.uids)
-        ]
+        out: list[list[int]] | None = None
+        if self.drafts.exchange is None or self.drafts.drafter is not None:
+            pending = _ints(self._next_tokens)
+            out = [
+                self.drafts.propose(uid, self.tokens[i], pending[i])[:width] if wanting[i] else []
+                for i, uid in enumerate(self.uids)
+            ]
+        if self.drafts.exchange is not None:  # rank 0's drafts, on every rank
+            out = self.drafts.exchange(out)
+        assert out is not None
         return out if any(out) else None
 
     def _check(self, drafts: list[list[int]]) -> list[GenerationBatch.Response]:
@@ -196,12 +201,13 @@ def _ints(values: mx.array) -> list[int]:
     return [int(v) for v in np.asarray(values).reshape(-1)]
 
 
-def install(gen: BatchGenerator) -> Drafts | None:
-    """Put a DraftingBatch in `gen` (still empty) and return its drafts' registry; None when the
-    model's caches cannot give entries back (sliding windows, SSM layers): no drafting there."""
+def install(gen: BatchGenerator, drafts: Drafts | None = None) -> Drafts | None:
+    """Put a DraftingBatch in `gen` (still empty) and return its drafts' registry (`drafts`,
+    or prompt lookup's alone); None when the model's caches cannot give entries back (sliding
+    windows, SSM layers): no drafting there."""
     if not rewindable(make_prompt_cache(gen.model)):
         return None
     batch = DraftingBatch.empty(gen.model, gen.sampler)
-    batch.drafts = Drafts()
+    batch.drafts = drafts or Drafts()
     gen._generation_batch = batch
     return batch.drafts

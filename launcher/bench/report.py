@@ -26,6 +26,7 @@ FIELDS = (
     "itl_p99_ms", "peak_memory_bytes", "speedup", "efficiency", "bandwidth_gbps",
     "predicted_decode_tok_s",
 )  # fmt: skip
+DRAFT_FIELDS = ("drafted_tokens", "accepted_tokens", "draft_checks")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ class Measured:
     itl_p99_ms: float
     peak_memory_bytes: tuple[int, ...]  # per rank
     trials: int
+    # Over the trials, with --speculative on (0 otherwise): drafted tokens, the accepted ones,
+    # and the forwards that checked drafts.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    draft_checks: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,7 @@ def measure(result: dict[str, Any]) -> Measured:
         itl_p99_ms=round(percentile(gaps, 99) * 1e3, 4),
         peak_memory_bytes=tuple(int(b) for b in result["peak_memory_bytes"]),
         trials=len(trials),
+        **{k: sum(int(t.get(k, 0)) for t in result["trials"]) for k in DRAFT_FIELDS},
     )
 
 
@@ -152,6 +159,9 @@ def markdown_table(rows: Sequence[Row], skipped: Sequence[Skipped]) -> str:
     ]  # fmt: skip
     if calibrated:
         head += ["calibrated", "error"]
+    drafted = any(r.measured.draft_checks for r in rows)
+    if drafted:
+        head += ["accepted", "tokens/check"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         m = r.measured
@@ -165,18 +175,33 @@ def markdown_table(rows: Sequence[Row], skipped: Sequence[Skipped]) -> str:
         if calibrated:
             predicted = r.predicted_calibrated_tok_s
             cells += [_num(predicted, ".1f"), _pct(error(predicted, m.generation_tps))]
+        if drafted:
+            cells += [f"{m.accepted_tokens}/{m.drafted_tokens}", _per_check(m)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [f"skipped: {s.strategy} × {s.hosts}: {s.reason}" for s in skipped]
     return "\n".join(lines)
+
+
+def _per_check(m: Measured) -> str:
+    """Tokens a checking forward gave: its accepted drafts and the one it draws itself."""
+    if not m.draft_checks:
+        return "–"
+    return f"{(m.accepted_tokens + m.draft_checks) / m.draft_checks:.2f}"
 
 
 def run_summary(row: Row, seconds: float) -> str:
     """The end of a run's progress line (its start, `bench [i/n] ...:`, is shown as it begins)."""
     m = row.measured
     predicted = _num(row.predicted_decode_tok_s, ".1f")
+    drafts = (
+        f", {m.accepted_tokens}/{m.drafted_tokens} drafted tokens accepted, "
+        f"{_per_check(m)} tokens per checking step"
+        if m.draft_checks
+        else ""
+    )
     return (
         f"generation {m.generation_tps:.1f} tok/s, prompt {m.prompt_tps:.1f} tok/s, "
-        f"TTFT {m.ttft_s:.3f} s, predicted {predicted} tok/s [{seconds:.1f} s]"
+        f"TTFT {m.ttft_s:.3f} s, predicted {predicted} tok/s{drafts} [{seconds:.1f} s]"
     )
 
 

@@ -34,6 +34,8 @@ class BenchSettings:
     trials: int
     warmup: int = 1
     seed: int = 0
+    speculative: str = "off"  # on: prompt-lookup drafts checked in the forward (--speculative)
+    draft_model: str | None = None  # as the ranks load it (--draft-model; checked already)
 
     def options(self) -> dict[str, Any]:
         return {
@@ -41,6 +43,8 @@ class BenchSettings:
             "gen_tokens": self.gen_tokens,
             "trials": self.trials,
             "warmup": self.warmup,
+            "speculative": self.speculative,
+            **({"draft_model": self.draft_model} if self.draft_model else {}),
         }
 
 

@@ -45,6 +45,8 @@ from launcher.cli.options import (
     Number,
     Text,
     check_hosts_source,
+    draft_model_for_ranks,
+    draft_model_option,
 )
 from launcher.ranks.supervisor import (
     EXIT_BAD_INPUT,
@@ -180,6 +182,15 @@ def _say_failure(what: str, outcome: Outcome) -> None:
 @click.option("--json", "json_file", type=FILE, help="Write results here.")
 @click.option("--plot", "plot_file", type=FILE, help="Write a PNG chart.")
 @click.option("--calibrate", is_flag=True, help="Measure links and memory first; save for plans.")
+@click.option(
+    "--speculative",
+    type=click.Choice(["on", "off"]),
+    default="off",
+    show_default=True,
+    help="on: check prompt-lookup drafts in the forward, as serve and launch do by default, and "
+    "report the drafted tokens accepted. off: one token per forward, the speed the plan predicts.",
+)
+@draft_model_option
 def bench_cmd(
     cluster_file: str | None,
     local: int | None,
@@ -193,6 +204,8 @@ def bench_cmd(
     json_file: Path | None,
     plot_file: Path | None,
     calibrate: bool,
+    speculative: str,
+    draft_model: str | None,
 ) -> int:
     """Measure tokens/s over 1..N hosts per strategy, beside the planner's prediction."""
     strategy_list = parse_strategies(strategies)
@@ -213,7 +226,10 @@ def bench_cmd(
     if isinstance(planner, int):
         return planner
     size_list = parse_sizes(sizes, planner.max_hosts)
-    settings = BenchSettings(prompt_tokens, gen_tokens, trials)
+    draft = draft_model_for_ranks(model, draft_model, speculative).get("draft_model")
+    settings = BenchSettings(
+        prompt_tokens, gen_tokens, trials, speculative=speculative, draft_model=draft
+    )
     cases = plan_cases(planner, size_list, strategy_list)
     deadlines = Deadlines()
     model_id = model_for_ranks(model)

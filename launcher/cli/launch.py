@@ -27,6 +27,8 @@ from launcher.cli.options import (
     check_deadlines,
     check_local,
     deadline_options,
+    draft_model_for_ranks,
+    draft_model_option,
     forbid_hub,
     hub_option,
     job_options,
@@ -309,6 +311,7 @@ def _unreachable(cluster: ClusterSpec | None) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line at the end.")
 @deadline_options("every rank is stopped")
 @speculative_option
+@draft_model_option
 @hub_option
 @click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
 def launch(
@@ -329,6 +332,7 @@ def launch(
     stall_timeout: float,
     load_timeout: float,
     speculative: str,
+    draft_model: str | None,
     no_hub: bool,
     job_option: tuple[str, ...],
 ) -> int:
@@ -349,6 +353,7 @@ def launch(
         return EXIT_RANK_FAILED
     if plan_dir is not None and (code := _unreachable(target.cluster)):
         return code
+    options.update(draft_model_for_ranks(model or target.plan.model, draft_model, speculative))
     generation = Generation(prompt, max_tokens, temp, top_p, seed, not ignore_chat_template)
     run = run_launch(
         target,

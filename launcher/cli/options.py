@@ -302,6 +302,28 @@ def speculative_option(f: F) -> F:
     )(f)
 
 
+def draft_model_option(f: F) -> F:
+    """--draft-model M (cluster/speculative/draft_model.py; checked: launcher/planning/)."""
+    return click.option(
+        "--draft-model",
+        metavar="M",
+        help="A small model of the same vocabulary (directory or Hugging Face repo id) whose "
+        "greedy tokens are the drafts where nothing can be copied; loaded whole on rank 0 only. "
+        "Default: none (drafts come from the prompt, the output and 'prediction').",
+    )(f)
+
+
+def draft_model_for_ranks(model: str, draft: str | None, speculative: str) -> dict[str, str]:
+    """The job option that makes rank 0 load the draft model, checked now (exit 2 if wrong)."""
+    if draft is None:
+        return {}
+    if speculative == "off":
+        raise InputError("--draft-model drafts tokens: it needs --speculative on (the default)")
+    from launcher.planning.draft_model import check_draft_model
+
+    return {"draft_model": check_draft_model(model, draft)}
+
+
 def hub_option(f: F) -> F:
     """--no-hub: model files come from the cluster's hosts only (launcher/share/)."""
     return click.option(

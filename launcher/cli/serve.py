@@ -23,6 +23,8 @@ from launcher.cli.options import (
     check_deadlines,
     check_hosts_source,
     deadline_options,
+    draft_model_for_ranks,
+    draft_model_option,
     forbid_hub,
     hub_option,
     job_options,
@@ -125,6 +127,7 @@ def _listen(host: str, port: int, app: ServeApp) -> HttpServer:
     help="After a failover, do not take lost hosts back when they answer again.",
 )
 @speculative_option
+@draft_model_option
 @hub_option
 @click.option("--job-option", multiple=True, hidden=True, help="KEY=JSON for every rank's job.")
 def serve_cmd(
@@ -144,6 +147,7 @@ def serve_cmd(
     load_timeout: float,
     no_rejoin: bool,
     speculative: str,
+    draft_model: str | None,
     no_hub: bool,
     job_option: tuple[str, ...],
 ) -> int:
@@ -170,6 +174,7 @@ def serve_cmd(
     from launcher.planning.model_source import load_model_spec
 
     limits = ServeLimits(load_model_spec(model), max_concurrency, cache_bytes)
+    options.update(draft_model_for_ranks(model, draft_model, speculative))
     metrics = ServeMetrics()
     busy = (
         f"{max_concurrency + max_queue} requests are already open "

@@ -91,6 +91,38 @@ def test_local_bench_writes_every_field_a_table_and_a_chart(model: Path, tmp_pat
     assert len(progress) == 3, done.stderr  # 1 host once, then tensor and pipeline over 2
 
 
+def test_bench_with_speculation_reports_the_accepted_drafts(model: Path, tmp_path: Path) -> None:
+    """--speculative on, alone and with a draft model: the counts are in the JSON, the table
+    and the progress line; off has none."""
+    runs = {}
+    modes = {
+        "on": ("--speculative", "on"),
+        "model": ("--speculative", "on", "--draft-model", str(model)),
+        "off": ("--speculative", "off"),
+    }
+    for mode, flags in modes.items():
+        out = tmp_path / f"{mode}.json"
+        done = bench(
+            tmp_path / "cache", "--local", "2", "--model", str(model), "--sizes", "2",
+            "--strategies", "pipeline", "-p", "16", "-g", "48", "--trials", "1",
+            *flags, "--json", str(out),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (row,) = json.loads(out.read_text())["results"]
+        runs[mode] = (row, done)
+    on, _ = runs["on"]  # a random model rarely goes on as its prompt did: few drafts, if any
+    assert on["drafted_tokens"] >= on["accepted_tokens"] >= 0
+    row, done = runs["model"]  # the target as its own draft model: every draft is accepted
+    assert row["drafted_tokens"] == row["accepted_tokens"] > 0 and row["draft_checks"] > 0
+    table = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    assert table[0].endswith("| accepted | tokens/check |")
+    assert f"| {row['accepted_tokens']}/{row['drafted_tokens']} |" in table[2]
+    assert "drafted tokens accepted" in done.stderr
+    off, done = runs["off"]
+    assert off["drafted_tokens"] == off["accepted_tokens"] == off["draft_checks"] == 0
+    assert "accepted" not in done.stdout and "drafted" not in done.stderr
+
+
 def test_calibrate_saves_numbers_the_planner_then_uses(model: Path, tmp_path: Path) -> None:
     cache, out = tmp_path / "cache", tmp_path / "bench.json"
     done = bench(
