@@ -64,7 +64,21 @@ class Reporter:
 
     def heartbeat(self) -> None:
         age = round(time.monotonic() - self.last_progress, 3)
-        self.emit("heartbeat", stage=self.stage, progress_age_s=age)
+        peak = _peak_memory()
+        memory = {"peak_memory_bytes": peak} if peak is not None else {}
+        self.emit("heartbeat", stage=self.stage, progress_age_s=age, **memory)
+
+
+def _peak_memory() -> int | None:
+    """MLX's peak memory once the rank has imported it (importing it here would come before
+    the job's environment is set); serve's dashboard shows it per rank."""
+    mx = sys.modules.get("mlx.core")
+    if mx is None:
+        return None
+    try:
+        return int(mx.get_peak_memory())
+    except Exception:  # an MLX without it: the heartbeat goes out regardless
+        return None
 
 
 # Lines after the job line: serve mode's requests (cluster/serve/loop.py); unread otherwise.

@@ -15,6 +15,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.generate import Emit
 from cluster.serve.control import Admit
+from cluster.serve.kv_budget import batch_tokens
 from cluster.serve.prefix_cache import PrefixCache
 from cluster.serve.requests import Cancel, Limits, Request, RequestError, parse_line
 
@@ -66,13 +67,31 @@ class Intake:
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
-    """Whether the head of the line may join the batch now. A budget of KV memory would be
-    checked here, next to the count of sequences."""
+    """Whether the head of the line may join the batch now: a free place (--max-concurrency)
+    and room in the KV memory budget for every sequence's worst case, as the batch lays it
+    out (kv_budget.py). The prefix cache's share of the budget is lent to the batch: the cache
+    shrinks before a request waits for memory, and grows back as sequences leave."""
 
     max_running: int  # sequences decoding at once (--max-concurrency)
+    kv_limit: int | None = None  # KV positions batch and prefix cache may hold (None: unbounded)
+    cache_share: int = 0  # the prefix cache's bound when the batch does not need its share
 
     def admits(self, request: Request, running: int, joining: int) -> bool:
         return running + joining < self.max_running
+
+    def fits(self, worst: list[int]) -> bool:
+        return self.kv_limit is None or batch_tokens(worst) <= self.kv_limit
+
+    def cache_room(self, worst: list[int]) -> int:
+        """The prefix cache's bound beside a batch with these worst cases."""
+        if self.kv_limit is None:
+            return self.cache_share
+        return max(0, min(self.cache_share, self.kv_limit - batch_tokens(worst)))
+
+
+def worst_case(request: Request) -> int:
+    """One choice's most KV positions: its whole prompt (a reused prefix included) + max_tokens."""
+    return len(request.ids) + request.max_tokens
 
 
 @dataclass(frozen=True)
@@ -98,12 +117,18 @@ class Admission:
     def enqueue(self, request: Request) -> None:
         self.waiting.append((request, 0))
 
-    def choose(self, running: int) -> list[Joining]:
-        """The choices that join now, each starting from the longest cached prefix of its
-        prompt."""
+    def choose(self, running: list[int]) -> list[Joining]:
+        """The choices that join now (`running`: the batch's worst cases), each starting from
+        the longest cached prefix of its prompt. The prefix cache is bounded to what the batch
+        leaves of the budget before any lookup, so no chosen entry is evicted after."""
         joining: list[Joining] = []
-        while self.waiting and self.policy.admits(self.waiting[0][0], running, len(joining)):
+        worst = list(running)
+        while self.waiting and self.policy.admits(self.waiting[0][0], len(running), len(joining)):
+            if not self.policy.fits([*worst, worst_case(self.waiting[0][0])]):
+                break  # it waits (first come, first served) until sequences leave
             request, index = self.waiting.popleft()
+            worst.append(worst_case(request))
+            self.cache.bound(self.policy.cache_room(worst))
             hit = self.cache.lookup(request.ids)
             entry, reuse = hit if hit is not None else (None, 0)
             # Each choice draws from its own key: the request's seed, stepped by the index.
@@ -119,6 +144,7 @@ class Admission:
                 request.prediction,
             )
             joining.append(Joining(request, index, reuse, admit))
+        self.cache.bound(self.policy.cache_room(worst))  # grows back as sequences leave
         return joining
 
     def hold_siblings(self, uid: int, joined: Joining) -> None:

@@ -61,9 +61,14 @@ class Step:
     chunk: int = 0  # prompt tokens per sequence per step (0: keep the current size)
     add: list[Admit] = field(default_factory=list)
     remove: list[int] = field(default_factory=list)  # batch uids that leave now
+    # The prefix cache's bound from now on, in tokens (None: unchanged): it shrinks to lend its
+    # share to running sequences, and every rank evicts the same entries here.
+    cache_tokens: int | None = None
 
     def encode(self) -> bytes:
         raw: dict[str, Any] = {k: v for k, v in asdict(self).items() if v}
+        if self.cache_tokens is not None:
+            raw["cache_tokens"] = self.cache_tokens  # 0 too
         return json.dumps(raw, separators=(",", ":")).encode()
 
     @classmethod
@@ -74,6 +79,7 @@ class Step:
             chunk=int(raw.get("chunk", 0)),
             add=[Admit.from_json(a) for a in raw.get("add", [])],
             remove=[int(u) for u in raw.get("remove", [])],
+            cache_tokens=None if raw.get("cache_tokens") is None else int(raw["cache_tokens"]),
         )
 
 

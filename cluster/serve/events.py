@@ -30,8 +30,11 @@ class LauncherEvents:
         elif out:
             self._emit("batch", events=out)
 
-    def stats(self, running: int, queued: int, batch: int, cache: PrefixCache) -> None:
-        """A `stats` event at most every STATS_EVERY_S."""
+    def stats(
+        self, running: int, queued: int, batch: int, cache: PrefixCache, kv_reserved: int = 0
+    ) -> None:
+        """A `stats` event at most every STATS_EVERY_S; `kv_reserved`: the KV positions the
+        memory budget holds for the running sequences."""
         now = time.monotonic()
         if now - self._last_stats < STATS_EVERY_S:
             return
@@ -46,4 +49,6 @@ class LauncherEvents:
             prefix_cache_entries=len(cache),
             prefix_cache_hits=cache.hits,
             prefix_cache_lookups=cache.lookups,
+            prefix_cache_limit_tokens=cache.limit,
+            kv_reserved_tokens=kv_reserved,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import queue
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.nn as nn
@@ -40,6 +40,8 @@ class ServeOptions:
     token_delay_s: float = 0.0  # a pause after every step, so tests can act mid-request
     prompt_delay_s: float = 0.0  # a pause after every step that reads prompt (a slow prefill)
     speculative: bool = True  # drafts checked in the batch (--speculative)
+    # The memory budget in KV positions, the prefix cache's share included (None: count only).
+    kv_limit_tokens: int | None = None
 
     @classmethod
     def from_job(cls, job: RankJob) -> ServeOptions:
@@ -50,6 +52,7 @@ class ServeOptions:
             token_delay_s=float(o.get("token_delay_s", 0.0)),
             prompt_delay_s=float(o.get("prompt_delay_s", 0.0)),
             speculative=o.get("speculative", "on") != "off",
+            kv_limit_tokens=None if o.get("kv_limit_tokens") is None else int(o["kv_limit_tokens"]),
         )
 
 
@@ -91,8 +94,9 @@ def serve(
             options.max_running,
             MAX_CHUNK,
             engine.prefill_rate,
-            model_limits(model, tokenizer),
+            replace(model_limits(model, tokenizer), kv_tokens=options.kv_limit_tokens),
             engine,
+            options.kv_limit_tokens,
         )
         if job.rank == 0
         else None
@@ -101,6 +105,8 @@ def serve(
     while True:
         payload = scheduler.decide() if scheduler is not None else None
         step = Step.decode(share(payload, group, generation_stream))
+        if step.cache_tokens is not None:  # rank 0 bounded its own (the same object) already
+            engine.cache.bound(step.cache_tokens)
         if not ready:
             ready = True  # every rank has joined a collective: all are loaded
             if scheduler is not None:

@@ -37,6 +37,7 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 class PrefixCache:
     def __init__(self, max_tokens: int, max_entries: int = MAX_ENTRIES) -> None:
         self.max_tokens, self.max_entries = max_tokens, max_entries
+        self.limit = max_tokens  # the bound now: below max_tokens while its share is lent
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # least recently used first
         self._next_id = 0
         self.tokens = 0  # held, counted as the bound counts them
@@ -82,7 +83,7 @@ class PrefixCache:
 
     def insert(self, tokens: list[int], cache: list[Any]) -> None:
         """Every rank, at the same step: keep `cache` (which holds `tokens`)."""
-        if not tokens or len(tokens) > self.max_tokens:
+        if not tokens or len(tokens) > self.limit:
             return
         ids = np.asarray(tokens, dtype=np.int64)
         trimmable = can_trim_prompt_cache(cache)
@@ -95,7 +96,17 @@ class PrefixCache:
         self._entries[self._next_id] = Entry(ids, cache, trimmable)
         self._next_id += 1
         self.tokens += len(ids)
-        while self.tokens > self.max_tokens or len(self._entries) > self.max_entries:
+        self._evict()
+
+    def bound(self, tokens: int) -> None:
+        """Every rank, at the same step: hold at most `tokens` (never above max_tokens) from
+        now on, least recently used entries going first. The memory budget lends the rest of
+        the share to running sequences; a larger bound gives it back to the cache."""
+        self.limit = max(0, min(tokens, self.max_tokens))
+        self._evict()
+
+    def _evict(self) -> None:
+        while self.tokens > self.limit or len(self._entries) > self.max_entries:
             self._drop(next(iter(self._entries)))
 
     def _drop(self, entry_id: int) -> None:

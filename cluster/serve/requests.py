@@ -15,6 +15,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.serve.constraints import GrammarError, check_grammar, json_grammar, tool_call_grammar
 from cluster.serve.control import Sampling
+from cluster.serve.kv_budget import per_choice_limit
 from cluster.serve.tool_stream import json_calls
 
 MAX_SEED = 2**63 - 1  # seeds are int64 for OpenAI; n choices add their index, and MLX takes uint64
@@ -34,6 +35,9 @@ class Limits:
 
     vocab: int  # width of the logits (token ids and logit_bias keys must be below it)
     context: int | None = None  # max_position_embeddings: prompt + max_tokens must fit
+    # The KV positions the batch may hold (the memory budget, cluster/serve/kv_budget.py):
+    # each choice's prompt + max_tokens must fit alone; None: not bounded.
+    kv_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,28 @@ def _max_tokens(raw: dict[str, Any], prompt: int, context: int | None) -> int:
     return min(asked, room)
 
 
+def _fit_budget(raw: dict[str, Any], prompt: int, asked: int, n: int, kv_tokens: int | None) -> int:
+    """max_tokens against the memory budget: a request whose choices could never fit, even
+    alone in the batch, is refused with the limit in tokens; a default shrinks to fit."""
+    if kv_tokens is None:
+        return asked
+    limit = per_choice_limit(kv_tokens, n)
+    each = f" for each of its n={n} choices" if n > 1 else ""
+    if prompt >= limit:
+        raise RequestError(
+            f"the prompt is {prompt} tokens and the cluster's memory budget holds at most {limit} "
+            f"tokens of KV cache (prompt + max_tokens){each}: shorten the prompt",
+            code="kv_budget_exceeded",
+        )
+    if prompt + asked > limit and not raw.get("max_tokens_default"):
+        raise RequestError(
+            f"max_tokens {asked} + the prompt's {prompt} tokens exceed the cluster's memory "
+            f"budget of {limit} tokens of KV cache{each}: ask for at most {limit - prompt}",
+            code="kv_budget_exceeded",
+        )
+    return min(asked, limit - prompt)
+
+
 def _prediction(raw: dict[str, Any], tokenizer: TokenizerWrapper, vocab: int) -> list[int] | None:
     """The predicted output's tokens: the launcher sends text (checked to be text there);
     `prediction_ids` are token ids, as `prompt_ids` are."""
@@ -198,6 +224,8 @@ def parse_line(line: str, tokenizer: TokenizerWrapper, limits: Limits) -> Reques
         if raw.get("count_only"):
             return Request(request_id, ids, 0, Sampling(), count_only=True)
         max_tokens = _max_tokens(raw, len(ids), limits.context)
+        n = max(1, int(raw.get("n") or 1))
+        max_tokens = _fit_budget(raw, len(ids), max_tokens, n, limits.kv_tokens)
         mode, names, grammar = _grammar(raw, tokenizer)
         logprobs = raw.get("logprobs")
         return Request(
@@ -206,7 +234,7 @@ def parse_line(line: str, tokenizer: TokenizerWrapper, limits: Limits) -> Reques
             max_tokens=max_tokens,
             sampling=_sampling(raw, grammar, limits.vocab),
             stop=[str(s) for s in raw.get("stop") or []],
-            n=max(1, int(raw.get("n") or 1)),
+            n=n,
             logprobs=None if logprobs is None else int(logprobs),
             tools=raw.get("tools") or None,
             tool_mode=mode,

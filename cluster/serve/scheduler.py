@@ -17,9 +17,10 @@ from typing import Any, Protocol
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.generate import Emit
-from cluster.serve.admission import Admission, AdmissionPolicy, Intake, Joining
+from cluster.serve.admission import Admission, AdmissionPolicy, Intake, Joining, worst_case
 from cluster.serve.control import Step
 from cluster.serve.events import LauncherEvents
+from cluster.serve.kv_budget import batch_tokens
 from cluster.serve.output import ChoiceOutput
 from cluster.serve.pacing import Pacing
 from cluster.serve.prefix_cache import PrefixCache
@@ -41,6 +42,7 @@ class RunningChoice:
 
     output: ChoiceOutput
     remaining: int  # tokens until max_tokens
+    worst: int  # its most KV positions (prompt + max_tokens): what the memory budget holds for it
     prefilling: bool = True  # its prompt is still being read
 
 
@@ -58,12 +60,15 @@ class Scheduler:
         prefill_rate: float,
         limits: Limits,
         drafts: DraftSource | None = None,
+        kv_limit: int | None = None,  # the memory budget in KV positions (None: count only)
     ) -> None:
         self.tokenizer, self.cache = tokenizer, cache
         self.drafts = drafts  # the engine's draft counts per uid (None: no drafting)
         self.events = LauncherEvents(emit)
         self.intake = Intake(lines, tokenizer, limits, self.events.emit)
-        self.admission = Admission(AdmissionPolicy(max_running), cache)
+        policy = AdmissionPolicy(max_running, kv_limit, cache.max_tokens)
+        self.admission = Admission(policy, cache)
+        self._cache_sent = cache.limit  # the prefix cache's bound the other ranks hold
         self.pacing = Pacing(max_chunk, prefill_rate)
         self.running: dict[int, RunningChoice] = {}  # batch uid -> the choice it serves
         self.leaving: list[int] = []  # uids to take out at the next decision
@@ -78,13 +83,16 @@ class Scheduler:
                 self._cancel(item.id)
             else:
                 self.admission.enqueue(item)
-        self._joining = self.admission.choose(len(self.running))
+        self._joining = self.admission.choose([c.worst for c in self.running.values()])
         joining, prefilling = len(self._joining), self._prefilling()
         leaving, self.leaving = self.leaving, []
         steps = self._lease(joining, prefilling) if self.running or joining else 0
         add = [j.admit for j in self._joining]
         chunk = self.pacing.chunk(joining, prefilling)
-        return Step(steps=steps, chunk=chunk, add=add, remove=leaving).encode()
+        bound = None if self.cache.limit == self._cache_sent else self.cache.limit
+        self._cache_sent = self.cache.limit
+        step = Step(steps=steps, chunk=chunk, add=add, remove=leaving, cache_tokens=bound)
+        return step.encode()
 
     def _prefilling(self) -> int:
         return sum(c.prefilling for c in self.running.values())
@@ -111,7 +119,7 @@ class Scheduler:
                 self.events.emit,
                 None if self.drafts is None else partial(self.drafts.draft_counts, uid),
             )
-            self.running[uid] = RunningChoice(output, request.max_tokens)
+            self.running[uid] = RunningChoice(output, request.max_tokens, worst_case(request))
             self.admission.hold_siblings(uid, joined)
             self.events.emit(
                 "begin",
@@ -195,7 +203,10 @@ class Scheduler:
 
     def stats(self, batch: int) -> None:
         """A `stats` event at most every STATS_EVERY_S (the launcher's /metrics)."""
-        self.events.stats(len(self.running), len(self.admission.waiting), batch, self.cache)
+        reserved = batch_tokens(c.worst for c in self.running.values())
+        self.events.stats(
+            len(self.running), len(self.admission.waiting), batch, self.cache, reserved
+        )
 
     def flush(self) -> None:
         self.events.flush()

@@ -42,6 +42,7 @@ from launcher.serve.runner import RankRunner, ServeLimits
 from launcher.serve.tickets import Tickets
 from topology.chips import GIB
 from topology.errors import InputError
+from topology.planning.serving import budget_error
 
 STOP_TIMEOUT_S = 15.0  # ranks get SIGTERM, then SIGKILL after the grace period
 CONCURRENCY = Number(int, 1, 1024, note="sequences in one batch")
@@ -174,6 +175,9 @@ def serve_cmd(
     from launcher.planning.model_source import load_model_spec
 
     limits = ServeLimits(load_model_spec(model), max_concurrency, cache_bytes)
+    memory = limits.memory(target)  # the KV budget: refused here when nothing is left for it
+    if (no_room := budget_error(memory)) is not None:
+        raise InputError(no_room)
     options.update(draft_model_for_ranks(model, draft_model, speculative))
     metrics = ServeMetrics()
     busy = (
@@ -203,6 +207,7 @@ def serve_cmd(
         with interrupt_flag() as stopping:  # Ctrl-C/SIGTERM/SIGHUP: ranks first, then the server
             cluster.start(target)
             _log(f"listening on {url}; loading {model} as {describe(target)} ({target.backend})")
+            _log(memory.describe())
             return _run(cluster, stopping, url, model)
     finally:
         cluster.stop(STOP_TIMEOUT_S)

@@ -1,4 +1,7 @@
-"""`mlx-cluster topology check`, `topology snapshot` and (registered here) `topology setup`."""
+"""`mlx-cluster topology check`, `topology snapshot` and (registered here) `topology setup`.
+
+`check --html FILE` writes the dashboard's wiring view as one self-contained page
+(launcher/serve/dashboard/page.py), for a cluster that is not serving yet."""
 
 from __future__ import annotations
 
@@ -43,11 +46,19 @@ def _with_model(result: CheckResult, model: str, context: int) -> CheckResult:
     return add_problems(result, model_problems(result, spec, context))
 
 
-def _write_dot(path: Path, result: CheckResult) -> None:
+def _write(flag: str, path: Path, text: str) -> None:
     try:
-        path.write_text(dot(result), encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
     except OSError as e:
-        raise InputError(f"--dot {path}: cannot write it ({e.strerror})") from None
+        raise InputError(f"{flag} {path}: cannot write it ({e.strerror})") from None
+
+
+def _wiring_html(result: CheckResult) -> str:
+    from launcher.serve.dashboard.page import wiring_page
+    from launcher.serve.dashboard.wiring import wiring_json
+
+    names = ", ".join(h.name for h in result.hosts)
+    return wiring_page(wiring_json(result), f"topology check: {names}")
 
 
 @topology.command("check")
@@ -80,6 +91,13 @@ def _write_dot(path: Path, result: CheckResult) -> None:
     metavar="FILE",
     help="Write Graphviz of the wiring.",
 )
+@click.option(
+    "--html",
+    "html_file",
+    type=FILE,
+    metavar="FILE",
+    help="Write the wiring as one self-contained HTML page (the dashboard's view).",
+)
 def check_cmd(
     cluster: str | None,
     hosts: str | None,
@@ -90,10 +108,12 @@ def check_cmd(
     context: int,
     as_json: bool,
     dot_file: Path | None,
+    html_file: Path | None,
 ) -> int:
     """Check the wiring against a backend: exit 0 ready, 1 something blocks it, 2 bad input."""
-    if dot_file is not None and dot_file.is_dir():  # refused before any host is probed
-        raise InputError(f"--dot {dot_file}: is a directory; name the file to write")
+    for flag, path in (("--dot", dot_file), ("--html", html_file)):
+        if path is not None and path.is_dir():  # refused before any host is probed
+            raise InputError(f"{flag} {path}: is a directory; name the file to write")
     spec: ClusterSpec | None
     if discover:
         refuse_other_sources(cluster=cluster, hosts=hosts, snapshot=snapshot)
@@ -105,7 +125,9 @@ def check_cmd(
     if model:
         result = _with_model(result, model, context)
     if dot_file:
-        _write_dot(dot_file, result)
+        _write("--dot", dot_file, dot(result))
+    if html_file:
+        _write("--html", html_file, _wiring_html(result))
     if as_json:
         click.echo(json.dumps(check_json(result), indent=2))
     else:

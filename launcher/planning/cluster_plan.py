@@ -6,17 +6,19 @@ memory and chip.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import subprocess
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from launcher.planning.calibration_store import load_calibration
 from launcher.planning.model_source import load_model_spec
 from topology.cluster_file import ClusterSpec
-from topology.facts import HostFacts
+from topology.facts import CheckResult, HostFacts, Software
 from topology.model.spec import ModelSpec
 from topology.planning.hostfile import hostfile_json
 from topology.planning.plan import LOCAL_IP, Plan, plan_cluster, plan_local
@@ -24,6 +26,7 @@ from topology.problems import check
 
 _SYSCTL_TIMEOUT_S = 5.0
 _MIB = 1 << 20
+TEST_WIRED_LIMIT_ENV = "MLX_CLUSTER_TEST_WIRED_LIMIT_MB"
 
 
 def _sysctl(name: str) -> str | None:
@@ -44,7 +47,9 @@ def _sysctl(name: str) -> str | None:
 def this_machine() -> HostFacts:
     """This machine's memory (and on a Mac its chip and GPU wired limit), for --local N."""
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    wired = _sysctl("iogpu.wired_limit_mb")
+    # Test-only: a small wired limit (in MB, as the sysctl gives it) for --local N, so tests can
+    # serve under a tight memory budget; users set `sysctl iogpu.wired_limit_mb` or wired_limit_gb.
+    wired = os.environ.get(TEST_WIRED_LIMIT_ENV) or _sysctl("iogpu.wired_limit_mb")
     wired_bytes = int(wired) * _MIB if wired and wired.isdigit() and int(wired) > 0 else None
     return HostFacts(
         name="localhost",
@@ -71,14 +76,30 @@ def plan_for_facts(
     envs: Sequence[str] = (),
 ) -> tuple[Plan, dict[str, Any]]:
     """Check the hosts, plan, and the mlx.launch hostfile (no hosts when there is no plan)."""
+    _, plan, hostfile = checked_plan_for_facts(
+        facts, spec, strategy=strategy, backend=backend, context=context, envs=envs
+    )
+    return plan, hostfile
+
+
+def checked_plan_for_facts(
+    facts: Sequence[HostFacts],
+    spec: ModelSpec,
+    *,
+    strategy: str = "auto",
+    backend: str = "auto",
+    context: int | None = None,
+    envs: Sequence[str] = (),
+) -> tuple[CheckResult, Plan, dict[str, Any]]:
+    """plan_for_facts, with the check it planned from (serve shows it on its dashboard)."""
     result = check(facts, backend, envs)
     plan = plan_cluster(
         result, spec, strategy=strategy, backend=backend, context=context,
         calibration=load_calibration(),  # bench --calibrate's numbers, when saved
     )  # fmt: skip
     if not plan.ok:
-        return plan, empty_hostfile(plan)
-    return plan, hostfile_json(plan, result.links, envs)
+        return result, plan, empty_hostfile(plan)
+    return result, plan, hostfile_json(plan, result.links, envs)
 
 
 def plan_for_cluster(
@@ -90,11 +111,26 @@ def plan_for_cluster(
     context: int | None = None,  # None: the default, capped at the model's context
 ) -> tuple[Plan, dict[str, Any]]:
     """Probe a cluster file's hosts live, check and plan (used by `plan` and `launch`)."""
+    _, plan, hostfile = checked_plan_for_cluster(
+        spec, model, strategy=strategy, backend=backend, context=context
+    )
+    return plan, hostfile
+
+
+def checked_plan_for_cluster(
+    spec: ClusterSpec,
+    model: str,
+    *,
+    strategy: str = "auto",
+    backend: str = "auto",
+    context: int | None = None,
+) -> tuple[CheckResult, Plan, dict[str, Any]]:
+    """plan_for_cluster, with the check it planned from."""
     from launcher.hosts.gather import probe_facts
 
     model_spec = load_model_spec(model)
     facts = probe_facts(spec)
-    return plan_for_facts(
+    return checked_plan_for_facts(
         facts, model_spec, strategy=strategy, backend=backend, context=context, envs=spec.env
     )
 
@@ -119,3 +155,30 @@ def plan_for_local(
     if not plan.ok:
         return plan, empty_hostfile(plan)
     return plan, hostfile_json(plan)
+
+
+def this_software() -> Software:
+    """The versions this interpreter has (what versions.txt records for a probed host): the
+    ranks of --local N run on this very interpreter."""
+    versions: list[tuple[str, str | None]] = [("python", platform.python_version())]
+    for name in ("mlx", "mlx-lm", "mlx-cluster"):
+        try:
+            versions.append((name, importlib.metadata.version(name)))
+        except importlib.metadata.PackageNotFoundError:
+            versions.append((name, None))
+    return Software(tuple(versions))
+
+
+def checked_plan_for_local(
+    n: int, model_spec: ModelSpec, *, strategy: str, context: int | None
+) -> tuple[CheckResult, Plan, dict[str, Any]]:
+    """plan_for_local, with this machine checked as `topology check` would (serve's dashboard)."""
+    host = replace(this_machine(), software=this_software())
+    plan = plan_local(
+        host, n, model_spec, strategy=strategy, context=context,
+        calibration=load_calibration(),
+    )  # fmt: skip
+    result = check([host], "ring")
+    if not plan.ok:
+        return result, plan, empty_hostfile(plan)
+    return result, plan, hostfile_json(plan)

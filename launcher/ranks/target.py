@@ -19,6 +19,7 @@ from launcher.ranks.jobs import DEFAULT_PORT, LOCAL_IP
 from launcher.ranks.process import RankLaunch
 from topology.cluster_file import ClusterSpec, HostSpec, cluster_from_mapping
 from topology.errors import InputError
+from topology.facts import CheckResult
 from topology.planning.plan import Plan
 from topology.untrusted import load_json
 
@@ -33,6 +34,7 @@ class LaunchTarget:
     hostfile: dict[str, Any]  # mlx.launch's format; rank order = list order
     cluster: ClusterSpec | None = None  # how to ssh into the hosts; None: every rank is local
     port: int | None = None  # ring/jaccl port; None: pick free ports on 127.0.0.1
+    check: CheckResult | None = None  # the facts the plan was made from (serve's dashboard)
 
     @property
     def backend(self) -> str:
@@ -59,13 +61,15 @@ class PlanRefused(Exception):
 
 
 def local_target(n: int, model: str, strategy: str) -> LaunchTarget:
-    from launcher.planning.cluster_plan import plan_for_local
+    from launcher.planning.cluster_plan import checked_plan_for_local
     from launcher.planning.model_source import load_model_spec
 
     check_local(n, None)
-    plan, hostfile = plan_for_local(n, load_model_spec(model), strategy=strategy, context=None)
+    result, plan, hostfile = checked_plan_for_local(
+        n, load_model_spec(model), strategy=strategy, context=None
+    )
     _refuse_invalid(plan, f"--local {n}")
-    return LaunchTarget(plan, hostfile)
+    return LaunchTarget(plan, hostfile, check=result)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -173,13 +177,13 @@ def cluster_target(
     spec: ClusterSpec, model: str, strategy: str | None, backend: str | None
 ) -> LaunchTarget:
     """Probe the cluster's hosts now, check the wiring and plan."""
-    from launcher.planning.cluster_plan import plan_for_cluster
+    from launcher.planning.cluster_plan import checked_plan_for_cluster
 
-    plan, hostfile = plan_for_cluster(
+    result, plan, hostfile = checked_plan_for_cluster(
         spec, model, strategy=strategy or spec.strategy, backend=backend or spec.backend
     )
     _refuse_invalid(plan, spec.source)
-    return LaunchTarget(plan, hostfile, spec, port=DEFAULT_PORT)
+    return LaunchTarget(plan, hostfile, spec, port=DEFAULT_PORT, check=result)
 
 
 def rank_host(target: LaunchTarget, rank: int) -> HostSpec | None:

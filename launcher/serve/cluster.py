@@ -106,4 +106,6 @@ class ServeCluster:
                 "ranks": len(plan.ranks),
                 "hosts": [r.host for r in plan.ranks],
                 "open_requests": len(self.tickets),
+                # The KV memory budget admission holds every rank to (topology/planning/serving.py).
+                "memory": self.runner.limits.memory(target).to_json(),
             }

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from launcher.hosts.reachability import ANSWER_TIMEOUT_S, unreachable_hosts
 from launcher.hosts.ssh import is_local, ssh_argv
 from launcher.ranks.target import LaunchTarget, PlanRefused, cluster_target, local_target
+from launcher.serve.dashboard.events import EventLog
 from topology.cluster_file import ClusterSpec, HostSpec
 from topology.errors import InputError
 
@@ -152,9 +153,11 @@ class Failover:
         log: Log,
         stop: threading.Event,
         set_status: Callable[[str, str], None],
+        events: EventLog | None = None,
     ) -> None:
         self.source = source  # the hosts serving now: fewer after a failover, more after a rejoin
         self._log, self._stop, self._set_status = log, stop, set_status
+        self._events = events or EventLog()
         self._restarts = 0  # restarts on the same hosts since the last ready (the back-off)
 
     def serving(self) -> None:
@@ -185,6 +188,7 @@ class Failover:
             self._restarts += 1
             wait_s = min(MAX_BACKOFF_S, 2.0 ** (self._restarts - 1))
             self._log(f"{reason}; restarting on the same hosts in {wait_s:.0f} s")
+            self._events.add("restart", f"restarting on the same hosts in {wait_s:.0f} s")
             self._set_status("restarting", f"restarting in {wait_s:.0f} s after: {reason}")
             if self._stop.wait(wait_s):
                 return None

@@ -1,10 +1,13 @@
 """`GET /metrics` of `mlx-cluster serve`: Prometheus text from its own registry.
 
 Measured in the launcher: requests by endpoint and status, time to first token (submit → first
-delta) and inter-token latency (between one request's deltas). From rank 0's events: token
-counts (`done`) and the batch and prefix-cache figures (`stats`, at most once a second). The
-rank's prefix-cache hits and lookups restart from 0 with every new job, so the counters here
-add up their increases. Thread-safe: supervisor threads write, the HTTP loop reads.
+delta), inter-token latency (between one request's deltas) and the batch's step time (between
+rank 0's step lines while it decodes). From rank 0's events: token counts (`done`) and the batch
+and prefix-cache figures (`stats`, at most once a second); from every rank's heartbeat, its peak
+memory. The rank's prefix-cache hits and lookups restart from 0 with every new job, so the
+counters here add up their increases. The dashboard (launcher/serve/dashboard/) reads these same
+objects; the last minute's percentiles come from windows fed beside the histograms.
+Thread-safe: supervisor threads write, the HTTP loop reads.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from launcher.serve.dashboard.window import Window
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 PREFIX = "mlx_cluster_"
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+STEP_GAP_S = 2.0  # a longer gap between rank 0's step lines is idle time, not a step
 # The routes /metrics names; anything else is "other" (a label per unknown path would let any
 # client grow the registry without bound).
 ENDPOINTS = (
@@ -30,6 +36,9 @@ ENDPOINTS = (
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/",
+    "/v1/cluster/state",
+    "/v1/cluster/stream",
 )
 MODEL_ENDPOINT = "/v1/models/{id}"
 
@@ -38,6 +47,8 @@ def endpoint_label(path: str) -> str:
     path = path.rstrip("/") or "/"
     if path in ENDPOINTS:
         return path
+    if path.startswith("/dashboard/"):
+        return "/dashboard/{file}"
     return MODEL_ENDPOINT if path.startswith("/v1/models/") else "other"
 
 
@@ -101,8 +112,30 @@ class ServeMetrics:
             PREFIX + "open_requests", "Requests accepted and not yet ended", registry=r
         )
         self.failovers = Counter(PREFIX + "failovers", "Re-plans after a lost rank", registry=r)
+        self.step = Gauge(
+            PREFIX + "step_seconds", "Rank 0's last batch step (ranks step in lockstep)", registry=r
+        )
+        self.peak_memory = Gauge(
+            PREFIX + "rank_peak_memory_bytes", "Each rank's peak MLX memory", ["rank"], registry=r
+        )
+        # The KV memory budget (topology/planning/serving.py), set with each plan; what it holds
+        # for the running sequences comes with `stats`.
+        self.kv_budget = Gauge(
+            PREFIX + "kv_budget_tokens", "KV budget of the tightest rank, in tokens", registry=r
+        )
+        self.kv_limit = Gauge(
+            PREFIX + "kv_limit_tokens", "KV budget plus the prefix cache's lent share", registry=r
+        )
+        self.kv_reserved = Gauge(
+            PREFIX + "kv_reserved_tokens", "KV positions held for running sequences", registry=r
+        )
+        self.rank_kv_budget = Gauge(
+            PREFIX + "rank_kv_budget_bytes", "Each rank's KV budget", ["rank"], registry=r
+        )
+        self.ttft_window, self.itl_window, self.step_window = Window(), Window(), Window()
         self._lock = threading.Lock()
         self._seen_hits = self._seen_lookups = 0  # the rank's own running totals
+        self._last_step_line: float | None = None
 
     def watch(self, ranks_up: Callable[[], int], open_requests: Callable[[], int]) -> None:
         """Gauges read at scrape time from the cluster's state."""
@@ -114,9 +147,35 @@ class ServeMetrics:
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
+        self.ttft_window.add(seconds)
 
     def inter_token(self, seconds: float) -> None:
         self.itl.observe(seconds)
+        self.itl_window.add(seconds)
+
+    def step_line(self, now: float) -> None:
+        """Rank 0 sent one decoding step's token events: the gap since the previous one is a
+        step (rank 0 writes one line per step; a long gap means the batch was idle)."""
+        with self._lock:
+            last, self._last_step_line = self._last_step_line, now
+        if last is not None and 0 < now - last <= STEP_GAP_S:
+            self.step.set(now - last)
+            self.step_window.add(now - last)
+
+    def heartbeat(self, rank: int, event: dict[str, Any]) -> None:
+        """A rank's heartbeat: its peak memory, once MLX has loaded there."""
+        peak = _int(event, "peak_memory_bytes")
+        if peak:
+            self.peak_memory.labels(str(rank)).set(peak)
+
+    def memory_budget(self, budget: dict[str, Any]) -> None:
+        """The plan's KV memory budget (MemoryBudget.to_json()), set for every new plan."""
+        self.kv_budget.set(budget.get("kv_budget_tokens") or 0)
+        self.kv_limit.set(budget.get("limit_tokens") or 0)
+        self.rank_kv_budget.clear()
+        for r in budget.get("ranks", []):
+            if r.get("kv_budget_bytes") is not None:
+                self.rank_kv_budget.labels(str(r["rank"])).set(r["kv_budget_bytes"])
 
     def rank_event(self, event: dict[str, Any]) -> None:
         """One of rank 0's events: token counts from `done`, figures from `stats`."""
@@ -137,6 +196,7 @@ class ServeMetrics:
         self.batch.set(_int(event, "batch"))
         self.cache_bytes.set(_int(event, "prefix_cache_bytes"))
         self.cache_tokens.set(_int(event, "prefix_cache_tokens"))
+        self.kv_reserved.set(_int(event, "kv_reserved_tokens"))
         hits, lookups = _int(event, "prefix_cache_hits"), _int(event, "prefix_cache_lookups")
         self.cache_ratio.set(hits / lookups if lookups else 0.0)
         with self._lock:  # a total below the last one: new ranks, counting from 0 again
@@ -151,8 +211,12 @@ class ServeMetrics:
         for gauge in (self.running, self.queued, self.batch, self.cache_bytes, self.cache_tokens):
             gauge.set(0)
         self.cache_ratio.set(0)
+        self.kv_reserved.set(0)
+        self.step.set(0)
+        self.peak_memory.clear()  # the next plan's ranks may be fewer
         with self._lock:
             self._seen_hits = self._seen_lookups = 0
+            self._last_step_line = None
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

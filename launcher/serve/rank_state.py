@@ -4,7 +4,8 @@ RankState is what the runner's threads share with the HTTP side (cluster.py: whe
 goes, /health) and the serve command (the ready line): one Condition, `changed`, guards every
 field and wakes whoever waits on a change. RankEvents takes each event line of a rank (on the
 supervisor's threads): a rank's own voice counts as heard for /health, rank 0's request events
-go to their tickets, all of rank 0's events (its `stats` too) to the metrics, and rank 0's
+go to their tickets, all of rank 0's events (its `stats` too) to the metrics, every rank's
+heartbeat (its peak memory) to the metrics and its model copy to the event log, and rank 0's
 `ready` starts serving.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 from launcher.ranks.process import RankProcess
 from launcher.ranks.supervisor import Outcome
 from launcher.ranks.target import LaunchTarget
+from launcher.serve.dashboard.events import EventLog
 from launcher.serve.metrics import ServeMetrics
 from launcher.serve.tickets import Event
 
@@ -39,6 +41,12 @@ class RankState:
         self.heard: list[float] = []  # per rank, when it last said anything
         self.pids: dict[int, int] = {}  # rank -> pid, from the ranks' "started" events
         self.rejoining = False  # a larger plan waits for the running requests: new ones wait
+        self.events = EventLog()  # what happened, for the dashboard (its own lock)
+
+    def host_of(self, rank: int) -> str:
+        target = self.target
+        ranks = target.plan.ranks if target is not None else ()
+        return ranks[rank].host if 0 <= rank < len(ranks) else "?"
 
     def new_job(self, target: LaunchTarget, ranks: int) -> None:
         with self.changed:
@@ -96,8 +104,22 @@ class RankEvents:
                 for e in events:
                     if e.get("event") != "stats":
                         self._route(e)
+            host = state.host_of(rank)
         if rank == 0:
+            if any(e.get("event") == "delta" for e in events):
+                self._metrics.step_line(time.monotonic())
             for e in events:
                 self._metrics.rank_event(e)
+        self._rank_figures(rank, host, name, event)
         if name == "ready" and rank == 0:
             self._on_ready()
+
+    def _rank_figures(self, rank: int, host: str, name: object, event: dict[str, Any]) -> None:
+        """Any rank: its peak memory (heartbeat) and its model copy (download progress, then
+        what it copied in all, on `decode`)."""
+        if name == "heartbeat":
+            self._metrics.heartbeat(rank, event)
+        elif name == "progress" and event.get("stage") == "download":
+            self._state.events.copy_step(rank, host, event)
+        elif name == "decode" and isinstance(event.get("copied"), dict):
+            self._state.events.copied(rank, host, event["copied"])

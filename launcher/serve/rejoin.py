@@ -128,11 +128,10 @@ class RejoinWatcher:
     def _switch_when_drained(self, found: Rejoin) -> bool:
         """Hold new requests, let the running ones finish (bounded), then end the job: the
         runner starts the larger plan. False when the cluster failed meanwhile."""
-        self._log(
-            f"{', '.join(found.back)} answers again; growing to {describe(found.target)} once "
-            "the running requests are done"
-        )
+        back = f"{', '.join(found.back)} answers again; growing to {describe(found.target)}"
+        self._log(f"{back} once the running requests are done")
         state = self._state
+        state.events.add("host_back", back)
         with state.changed:
             state.rejoining = True
         end = time.monotonic() + DRAIN_S

@@ -34,7 +34,7 @@ from launcher.serve.rejoin import Rejoin, RejoinWatcher
 from launcher.serve.tickets import Event
 from launcher.share.offer import ModelShare
 from topology.model.spec import ModelSpec
-from topology.planning.serving import prefix_cache_budget
+from topology.planning.serving import MemoryBudget, memory_budget, prefix_cache_budget
 
 STOPPING = "mlx-cluster serve is stopping"
 
@@ -50,7 +50,13 @@ class ServeLimits:
 
     def job_options(self, target: LaunchTarget) -> dict[str, Any]:
         budget = prefix_cache_budget(target.plan, self.spec, self.prefix_cache_bytes)
-        return {"max_running": self.max_running, "prefix_cache_tokens": budget.tokens}
+        memory = self.memory(target).job_options()  # the KV budget rank 0 admits by
+        return {"max_running": self.max_running, "prefix_cache_tokens": budget.tokens, **memory}
+
+    def memory(self, target: LaunchTarget) -> MemoryBudget:
+        """Every rank's KV memory budget on this plan."""
+        prefix = prefix_cache_budget(target.plan, self.spec, self.prefix_cache_bytes)
+        return memory_budget(target.plan, self.spec, prefix)
 
 
 class RankRunner:
@@ -78,7 +84,9 @@ class RankRunner:
         self._job_stop = threading.Event()  # ends the current job only (a switch to more hosts)
         self.state = RankState(metrics, on_down)
         self.events = RankEvents(self.state, on_event, metrics, on_ready=self._ready)
-        self.failover = Failover(source, log, self.stop_flag, self.state.set_status)
+        self.failover = Failover(
+            source, log, self.stop_flag, self.state.set_status, events=self.state.events
+        )
         self.rejoin = RejoinWatcher(
             source,
             self.failover,
@@ -115,6 +123,9 @@ class RankRunner:
         return self.state.first_outcome
 
     def start(self, target: LaunchTarget) -> None:
+        self.state.events.add(
+            "started", f"loading the model as {describe(target)} ({target.backend})"
+        )
         self._thread = threading.Thread(target=self._run, args=(target,), daemon=True)
         self._thread.start()
 
@@ -143,6 +154,8 @@ class RankRunner:
                 target = self._grow(grown, target)
                 continue
             reason = outcome.failure.message().splitlines()[0] if outcome.failure else "stopped"
+            if outcome.failure is not None and not self.stop_flag.is_set():
+                self.state.events.failure(outcome.failure.message())  # the whole message
             down = "down" if self._ever_ready else "failed"
             self.state.set_status(down, reason, fail_open=True)
             if self.stop_flag.is_set():
@@ -155,7 +168,7 @@ class RankRunner:
             if next_target is None:
                 return self.state.set_status("stopped", STOPPING)
             target = next_target
-            self.log(f"new plan: {describe(target)} ({target.plan.reason}); starting the ranks")
+            self._new_plan(target)
             self.state.set_status("restarting", f"restarting as {describe(target)} after: {reason}")
             self.rejoin.watch()
 
@@ -164,9 +177,14 @@ class RankRunner:
         what = f"{', '.join(grown.back)} is back"
         self._change = PlanChange(what, describe(target), time.monotonic(), back=True)
         self.failover.source, target = grown.source, grown.target
-        self.log(f"new plan: {describe(target)} ({target.plan.reason}); starting the ranks")
+        self._new_plan(target)
         self.state.set_status("restarting", f"growing to {describe(target)}", fail_open=True)
         return target
+
+    def _new_plan(self, target: LaunchTarget) -> None:
+        line = f"new plan: {describe(target)} ({target.plan.reason})"
+        self.state.events.add("plan", f"{line} on {', '.join(_hosts(target))}")
+        self.log(f"{line}; starting the ranks")
 
     def _fail_over(self, target: LaunchTarget, rank: int, reason: str) -> LaunchTarget | None:
         """`rank` failed: the plan without its host (or the hosts gone), None once stopping."""
@@ -174,6 +192,7 @@ class RankRunner:
         change = self._change or PlanChange("", describe(target), time.monotonic())
         lost, what = self.failover.lost(target, rank, dict(self.state.pids))
         self._change = replace(change, what=what)  # a failure while restarting keeps `since`
+        self.state.events.add("failover", f"{what}; re-planning")
         return self.failover.next_target(lost, reason)
 
     def _run_job(self, target: LaunchTarget) -> Outcome:
@@ -205,6 +224,7 @@ class RankRunner:
         )
         limits = self.limits.job_options(target)
         self.metrics.cache_budget.set(limits["prefix_cache_tokens"])
+        self.metrics.memory_budget(self.limits.memory(target).to_json())
         options = {**limits, **self.options}  # --job-option (test hooks) wins
         jobs = [replace(j, mode="serve", options=dict(options)) for j in jobs]
         return self.share.jobs(target, jobs)
@@ -219,5 +239,14 @@ class RankRunner:
             self.state.rejoining = False
         self.state.set_status("ready", f"serving as {now}")
         change, self._change = self._change, None
-        if change is not None:
-            self.log(change.done(now))
+        if change is None:
+            return self.state.events.add(
+                "serving", f"serving as {now} ({self.state.target.backend})"
+            )
+        self.log(change.done(now))
+        self.state.events.add("rejoined" if change.back else "serving", change.done(now))
+
+
+def _hosts(target: LaunchTarget) -> list[str]:
+    """The plan's hosts once each, in rank order."""
+    return list(dict.fromkeys(r.host for r in target.plan.ranks))

@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
             logs / "model", layers=args.layers, hidden=args.hidden, heads=args.heads,
             kv_heads=args.kv_heads, vocab=384,
         )  # fmt: skip
+        if args.dashboard_cost:
+            return _dashboard_cost(args, model, logs)
         tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
         bench = Bench(args, model, logs, procs, tokenizer, WORKLOADS)
         try:
@@ -77,4 +79,16 @@ def run(args: argparse.Namespace) -> int:
     if failure:
         print(f"\nbench_serve: error (figures above are partial): {failure}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _dashboard_cost(args: argparse.Namespace, model: Path, logs: Path) -> int:
+    from .dashboard_cost import measure
+
+    shares = measure(args.cli, model, logs, seconds=20.0, reps=args.reps)
+    print("\n| dashboards open (/v1/cluster/stream clients) | serve process CPU, % of a core |")
+    print("|---|---:|")
+    for n, share in shares.items():
+        print(f"| {n} | {100 * share:.2f} |")
+    print(f"machine: {machine_line(machine())}")
     return 0

@@ -113,11 +113,11 @@ class ModelSpec(ModelShape):
 
     @property
     def kv_bytes_per_token_per_layer(self) -> int:
+        # Keys and values are cached in the activations' dtype: a float32 model's take 4 bytes.
+        size = max(KV_CACHE_DTYPE_BYTES, self.dtype_bytes)
         if self.is_mla:  # MLA caches the compressed latent and the rope key only
-            return (self.kv_lora_rank or 0) * KV_CACHE_DTYPE_BYTES + (
-                self.qk_rope_head_dim * KV_CACHE_DTYPE_BYTES
-            )
-        return 2 * self.kv_heads * self.head_dim * KV_CACHE_DTYPE_BYTES
+            return ((self.kv_lora_rank or 0) + self.qk_rope_head_dim) * size
+        return 2 * self.kv_heads * self.head_dim * size
 
     @property
     def kv_bytes_per_token(self) -> int:

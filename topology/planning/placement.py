@@ -28,6 +28,8 @@ class Slot:
     ip: str | None = None
     # False for a non-Mac whose memory the probe cannot read: planned without a memory check.
     memory_checked: bool = True
+    # True when usable_bytes is a wired limit someone set (too small for the weights: bad input).
+    limit_given: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from topology.planning.calibration import (
     calibration_notes,
 )
 from topology.planning.hostfile import RDMA_BACKENDS, missing_devices, rdma_matrix
+from topology.planning.memory_input import check_weights_fit, check_wired_limits
 from topology.planning.options import Option, pipeline_option, tensor_option
 from topology.planning.placement import Slot
 from topology.planning.predict import tok_s
@@ -122,6 +123,8 @@ def _plan(
     if n == 1:  # one rank: nothing is split, the strategies are the same
         options = [replace(options[0], strategy="tensor" if strategy == "auto" else strategy)]
     chosen, reason = _choose(options, strategy, n)
+    if chosen is None:
+        check_weights_fit(slots, options, strategy)
     problems = list(base)
     for o in options:
         if o is chosen or o.strategy == strategy or chosen is None:
@@ -225,6 +228,7 @@ def _slots(
             or ASSUMED_BANDWIDTH_GBS,
             ip=ip,
             memory_checked=h.is_mac,
+            limit_given=h.wired_limit_bytes is not None,
         )
         for h, ip in zip(hosts, ips, strict=True)
     ]
@@ -250,6 +254,7 @@ def plan_cluster(
     else:
         chosen, base = backend, list(check.problems)
     hosts = _ordered(check, chosen)
+    check_wired_limits(hosts)
     ips = rank_addresses(hosts, check.links, chosen or "ring")
     if chosen is not None:
         base += _address_problems(hosts, ips, chosen)
@@ -273,6 +278,7 @@ def plan_local(
     """N ranks on this machine over the ring backend on 127.0.0.1, sharing memory and bandwidth."""
     if n < 1:
         raise ValueError("--local needs at least 1 rank")
+    check_wired_limits([host])
     usable = usable_memory_bytes(host)
     measured = calibrated_bandwidth(host.name, calibration)
     bandwidth = measured or host_bandwidth_gbs(host) or ASSUMED_BANDWIDTH_GBS
@@ -283,6 +289,7 @@ def plan_local(
         host.memory_bytes,
         bandwidth / n,
         LOCAL_IP,
+        limit_given=host.wired_limit_bytes is not None,
     )
     notes = [
         f"{n} ranks share this machine's memory and memory bandwidth",

@@ -9,9 +9,12 @@ token, and no rank goes over the budget. Pure: a plan and a model spec in, numbe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from topology.chips import GIB
 from topology.model.spec import ModelSpec
+from topology.planning.options import gib
+from topology.planning.placement import HEADROOM_BYTES, HEADROOM_FRACTION
 from topology.planning.types import Plan, RankPlan
 
 # The default budget: half of the tightest rank's headroom (usable memory minus what the plan
@@ -62,3 +65,140 @@ def prefix_cache_budget(
     per_token = max((rank_kv_bytes_per_token(plan, r, spec) for r in plan.ranks), default=0)
     tokens = size // per_token if per_token > 0 else 0
     return PrefixCacheBudget(size, tokens, per_token)
+
+
+# --- the KV memory budget (serve's admission) ----------------------------------------------------
+
+
+def margin_bytes(rank: RankPlan) -> int:
+    """The planner's margin beyond weights and KV (prefill steps, the allocator's cache)."""
+    return int(rank.weight_bytes * HEADROOM_FRACTION) + HEADROOM_BYTES
+
+
+@dataclass(frozen=True)
+class RankBudget:
+    """One rank's memory, as the budget splits it (bytes; usable None: not known)."""
+
+    rank: int
+    host: str
+    usable_bytes: int | None
+    weight_bytes: int
+    margin_bytes: int
+    prefix_cache_bytes: int
+    kv_bytes_per_token: int
+
+    @property
+    def kv_budget_bytes(self) -> int | None:
+        """Usable memory minus weights, margin and the prefix cache's share."""
+        if self.usable_bytes is None:
+            return None
+        left = self.usable_bytes - self.weight_bytes - self.margin_bytes
+        return left - self.prefix_cache_bytes
+
+    @property
+    def kv_budget_tokens(self) -> int | None:
+        budget = self.kv_budget_bytes
+        if budget is None or self.kv_bytes_per_token <= 0:
+            return None
+        return max(0, budget) // self.kv_bytes_per_token
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "usable_bytes": self.usable_bytes,
+            "weight_bytes": self.weight_bytes,
+            "margin_bytes": self.margin_bytes,
+            "prefix_cache_bytes": self.prefix_cache_bytes,
+            "kv_budget_bytes": self.kv_budget_bytes,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_budget_tokens": self.kv_budget_tokens,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """What serve admits by: every rank's KV budget, in tokens on the tightest rank. The prefix
+    cache's share is lent to running sequences when they need it (it evicts first), so a request
+    may use up to `limit_tokens`. None: no rank's memory is known (admission by count only)."""
+
+    ranks: tuple[RankBudget, ...]
+    prefix_cache_tokens: int
+
+    @property
+    def tight(self) -> RankBudget | None:
+        """The rank that holds the fewest tokens of KV (None: no memory known)."""
+        known = [r for r in self.ranks if r.kv_budget_tokens is not None]
+        return min(known, key=lambda r: (r.kv_budget_tokens or 0, r.rank), default=None)
+
+    @property
+    def kv_budget_tokens(self) -> int | None:
+        tight = self.tight
+        return None if tight is None else tight.kv_budget_tokens
+
+    @property
+    def limit_tokens(self) -> int | None:
+        """The most KV the running sequences may hold once the prefix cache gave its share
+        back: the budget plus that share (in tokens, the share counted on the heaviest rank)."""
+        budget = self.kv_budget_tokens
+        return None if budget is None else budget + self.prefix_cache_tokens
+
+    def job_options(self) -> dict[str, Any]:
+        """What rank 0's scheduler admits by (cluster/serve/loop.py reads it)."""
+        if self.limit_tokens is None:
+            return {}
+        return {"kv_budget_tokens": self.kv_budget_tokens, "kv_limit_tokens": self.limit_tokens}
+
+    def to_json(self) -> dict[str, Any]:
+        tight = self.tight
+        return {
+            "kv_budget_tokens": self.kv_budget_tokens,
+            "prefix_cache_tokens": self.prefix_cache_tokens,
+            "limit_tokens": self.limit_tokens,
+            "tightest_rank": None if tight is None else tight.rank,
+            "ranks": [r.to_json() for r in self.ranks],
+        }
+
+    def describe(self) -> str:
+        """One line for serve's start: the budget and where it comes from."""
+        tight = self.tight
+        if tight is None or tight.usable_bytes is None:
+            return "KV memory budget: unknown (no rank's memory is known): admitting by count only"
+        return (
+            f"KV memory budget: {self.kv_budget_tokens:,} tokens (rank {tight.rank} on "
+            f"{tight.host}: {gib(tight.usable_bytes)} usable − {gib(tight.weight_bytes)} weights − "
+            f"{gib(tight.margin_bytes)} margin − {gib(tight.prefix_cache_bytes)} prefix cache = "
+            f"{gib(tight.kv_budget_bytes or 0)} at {tight.kv_bytes_per_token:,} bytes/token); "
+            f"up to {self.limit_tokens:,} when the prefix cache gives its share back"
+        )
+
+
+def memory_budget(plan: Plan, spec: ModelSpec, prefix: PrefixCacheBudget) -> MemoryBudget:
+    """Every rank's KV budget from the plan: usable memory − weights − margin − prefix share."""
+    ranks = tuple(
+        RankBudget(
+            rank=r.rank,
+            host=r.host,
+            usable_bytes=r.memory_usable_bytes,
+            weight_bytes=r.weight_bytes,
+            margin_bytes=margin_bytes(r),
+            prefix_cache_bytes=prefix.bytes,
+            kv_bytes_per_token=rank_kv_bytes_per_token(plan, r, spec),
+        )
+        for r in plan.ranks
+    )
+    return MemoryBudget(ranks, prefix.tokens)
+
+
+def budget_error(budget: MemoryBudget) -> str | None:
+    """One line when a rank has no KV budget at all (the prefix cache's share took it)."""
+    for r in budget.ranks:
+        left = r.kv_budget_bytes
+        if left is not None and r.usable_bytes is not None and left <= 0:
+            return (
+                f"rank {r.rank} on {r.host} has no memory for KV caches: {gib(r.usable_bytes)} "
+                f"usable − {gib(r.weight_bytes)} weights − {gib(r.margin_bytes)} margin − "
+                f"{gib(r.prefix_cache_bytes)} prefix cache = {gib(left)}; give a smaller "
+                "--prefix-cache-gb"
+            )
+    return None

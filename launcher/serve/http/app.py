@@ -3,9 +3,11 @@ every answer counted by endpoint and status for /metrics.
 
 Routes: GET /health and GET /metrics (no key needed: for load balancers and scrapers), GET
 /v1/models[/{id}], POST /v1/chat/completions and POST /v1/completions (OpenAI), POST
-/v1/messages and POST /v1/messages/count_tokens (Anthropic). A new route is one line in
-ServeApp's table and its handler: a method here, or a module of this package for a group of
-routes (answers.py answers the generate routes). Errors: errors.py.
+/v1/messages and POST /v1/messages/count_tokens (Anthropic); the dashboard's GET /,
+/dashboard/{file}, /v1/cluster/state and /v1/cluster/stream (dashboard.py). A new route is one
+line in ServeApp's table and its handler: a method here, or a module of this package for a group
+of routes (answers.py answers the generate routes, dashboard.py the dashboard's). Errors:
+errors.py.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from launcher.serve.anthropic_api import parse_count_tokens, parse_messages
 from launcher.serve.anthropic_bodies import AnthropicAnswer, CountAnswer
 from launcher.serve.cluster import ServeCluster
+from launcher.serve.dashboard.state import DashboardState
 from launcher.serve.http.answers import Answerer, MakeAnswer
+from launcher.serve.http.dashboard import DashboardRoutes
 from launcher.serve.http.errors import GONE_STATUS, exception_handlers
 from launcher.serve.metrics import CONTENT_TYPE, ServeMetrics
 from launcher.serve.openai_api import parse_chat, parse_completion
@@ -52,7 +56,11 @@ class ServeApp:
         self.model_id, self.api_key = model_id, api_key
         self.created = int(time.time())
         self.answerer = Answerer(cluster, model_id)
+        self.dashboard = DashboardRoutes(
+            DashboardState(cluster, metrics, model_id), self._check_key
+        )
         routes = [
+            *self.dashboard.routes(),
             Route("/health", self._health, methods=GET),
             Route("/metrics", self._metrics, methods=GET),
             Route("/v1/models", self._models, methods=GET),
