@@ -1,7 +1,8 @@
 """Speculative decoding on real ranks (ring backend on 127.0.0.1): a mixed batch with drafts
 gives exactly the tokens of `--speculative off` — 1 rank, tensor ×2 and pipeline ×2 — greedy and
-seeded, with logprobs, penalties, a logit bias, a grammar, n = 2, a stop string and max_tokens
-reached mid-draft; and the drafts are really checked (accepted counts in every `done`)."""
+seeded, with logprobs, penalties, a logit bias, a grammar, a forced tool call, n = 2, a stop
+string and max_tokens reached mid-draft; and the drafts are really checked (accepted counts in
+every `done`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,17 @@ from serving import batch_reference, logit_gap, serving
 
 PROMPT = [5, 17, 42, 8, 99, 3, 61, 27, 11, 12, 13, 40, 41, 7]
 MAX_TOKENS = 24
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 def _cases(stop: str) -> dict[str, dict[str, Any]]:
@@ -32,6 +44,9 @@ def _cases(stop: str) -> dict[str, dict[str, Any]]:
         "n2": {"n": 2, "temperature": 0.7, "seed": 3},
         "short": {"max_tokens": 5},  # ends while a longer draft is checked
         "stop": {"stop": [stop]},
+        # A forced tool call: its grammar rejects drafted tokens it forbids, and the call is
+        # parsed from the same tokens.
+        "tool": {"tools": [WEATHER], "tool_choice": "required", "max_tokens": 60},
     }
 
 
@@ -96,6 +111,12 @@ def test_drafts_change_nothing_but_the_steps(
                 print(f"{name}: token {k} differs ({g[k]} vs {w[k]}), logit gap {gap:.2e}")
                 assert gap < 1e-4, f"{name}: token {k} differs with a logit gap of {gap}"
                 break
+    # The forced call is a call with speculation too (and its drafts were checked).
+    call = tokenizer.decode(_tokens(on_done["tool"])[0])
+    assert call.replace(" ", "").startswith('<tool_call>\n{"name":"get_weather","arguments":{'), (
+        call
+    )
+    assert on_done["tool"][0]["draft_checks"] > 0
     # Each emitted token's logprobs are the target's.
     on_lp = [e for d in on_deltas["logprobs"] for e in d.get("logprobs", [])]
     off_lp = [e for d in off_deltas["logprobs"] for e in d.get("logprobs", [])]
