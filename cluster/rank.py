@@ -12,6 +12,7 @@ went away, 130 interrupted, 143 stopped by SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -64,21 +65,25 @@ class Reporter:
 
     def heartbeat(self) -> None:
         age = round(time.monotonic() - self.last_progress, 3)
-        peak = _peak_memory()
-        memory = {"peak_memory_bytes": peak} if peak is not None else {}
-        self.emit("heartbeat", stage=self.stage, progress_age_s=age, **memory)
+        self.emit("heartbeat", stage=self.stage, progress_age_s=age, **_memory())
 
 
-def _peak_memory() -> int | None:
-    """MLX's peak memory once the rank has imported it (importing it here would come before
-    the job's environment is set); serve's dashboard shows it per rank."""
+def _memory() -> dict[str, int]:
+    """MLX's peak, active and cache memory once the rank has imported it (importing it here
+    would come before the job's environment is set); serve's dashboard shows the peak per rank,
+    and a soak run (scripts/soak.py) watches active + cache for growth."""
     mx = sys.modules.get("mlx.core")
     if mx is None:
-        return None
-    try:
-        return int(mx.get_peak_memory())
-    except Exception:  # an MLX without it: the heartbeat goes out regardless
-        return None
+        return {}
+    out: dict[str, int] = {}
+    for key, read in (
+        ("peak_memory_bytes", "get_peak_memory"),
+        ("active_memory_bytes", "get_active_memory"),
+        ("cache_memory_bytes", "get_cache_memory"),
+    ):
+        with contextlib.suppress(Exception):  # an MLX without it: the heartbeat goes regardless
+            out[key] = int(getattr(mx, read)())
+    return out
 
 
 # Lines after the job line: serve mode's requests (cluster/serve/loop.py); unread otherwise.

@@ -3,10 +3,11 @@
 Measured in the launcher: requests by endpoint and status, time to first token (submit → first
 delta), inter-token latency (between one request's deltas) and the batch's step time (between
 rank 0's step lines while it decodes). From rank 0's events: token counts (`done`) and the batch
-and prefix-cache figures (`stats`, at most once a second); from every rank's heartbeat, its peak
-memory. The rank's prefix-cache hits and lookups restart from 0 with every new job, so the
-counters here add up their increases. The dashboard (launcher/serve/dashboard/) reads these same
-objects; the last minute's percentiles come from windows fed beside the histograms.
+and prefix-cache figures (`stats`, at most once a second); from every rank's heartbeat, its peak,
+active and cache memory. The rank's prefix-cache hits and lookups restart from 0 with every new
+job, so the counters here add up their increases. The dashboard (launcher/serve/dashboard/)
+reads these same objects; the last minute's percentiles come from windows fed beside the
+histograms.
 Thread-safe: supervisor threads write, the HTTP loop reads.
 """
 
@@ -118,6 +119,16 @@ class ServeMetrics:
         self.peak_memory = Gauge(
             PREFIX + "rank_peak_memory_bytes", "Each rank's peak MLX memory", ["rank"], registry=r
         )
+        # What MLX holds now (active arrays, and freed buffers kept for reuse): a soak run
+        # watches these for growth, which the peak alone would not show until it beat the peak.
+        self.active_memory = Gauge(
+            PREFIX + "rank_active_memory_bytes", "Each rank's active MLX memory", ["rank"],
+            registry=r,
+        )  # fmt: skip
+        self.cache_memory = Gauge(
+            PREFIX + "rank_cache_memory_bytes", "Each rank's MLX buffer cache", ["rank"],
+            registry=r,
+        )  # fmt: skip
         # The KV memory budget (topology/planning/serving.py), set with each plan; what it holds
         # for the running sequences comes with `stats`.
         self.kv_budget = Gauge(
@@ -163,10 +174,16 @@ class ServeMetrics:
             self.step_window.add(now - last)
 
     def heartbeat(self, rank: int, event: dict[str, Any]) -> None:
-        """A rank's heartbeat: its peak memory, once MLX has loaded there."""
+        """A rank's heartbeat: its peak, active and cache memory, once MLX has loaded there."""
         peak = _int(event, "peak_memory_bytes")
         if peak:
             self.peak_memory.labels(str(rank)).set(peak)
+        for key, gauge in (
+            ("active_memory_bytes", self.active_memory),
+            ("cache_memory_bytes", self.cache_memory),
+        ):
+            if isinstance(event.get(key), int):  # 0 is a real value here (an emptied cache)
+                gauge.labels(str(rank)).set(_int(event, key))
 
     def memory_budget(self, budget: dict[str, Any]) -> None:
         """The plan's KV memory budget (MemoryBudget.to_json()), set for every new plan."""
@@ -213,7 +230,8 @@ class ServeMetrics:
         self.cache_ratio.set(0)
         self.kv_reserved.set(0)
         self.step.set(0)
-        self.peak_memory.clear()  # the next plan's ranks may be fewer
+        for per_rank in (self.peak_memory, self.active_memory, self.cache_memory):
+            per_rank.clear()  # the next plan's ranks may be fewer
         with self._lock:
             self._seen_hits = self._seen_lookups = 0
             self._last_step_line = None
