@@ -133,6 +133,23 @@ def test_rank_events_feed_tokens_gauges_and_cache_counters() -> None:
     assert _sample(m.render().decode(), "mlx_cluster_running_sequences") == 0
 
 
+def test_heartbeats_feed_each_ranks_memory_until_the_ranks_go_down() -> None:
+    m = ServeMetrics()
+    m.heartbeat(0, {"event": "heartbeat", "peak_memory_bytes": 900})  # MLX not loaded on all
+    m.heartbeat(
+        1,
+        {"peak_memory_bytes": 700, "active_memory_bytes": 500, "cache_memory_bytes": 0},
+    )
+    text = m.render().decode()
+    assert _sample(text, "mlx_cluster_rank_peak_memory_bytes", rank="0") == 900
+    assert _sample(text, "mlx_cluster_rank_peak_memory_bytes", rank="1") == 700
+    assert _sample(text, "mlx_cluster_rank_active_memory_bytes", rank="1") == 500
+    assert 'mlx_cluster_rank_cache_memory_bytes{rank="1"} 0.0' in text  # an emptied cache
+    assert 'rank_active_memory_bytes{rank="0"}' not in text  # never reported: not a made-up 0
+    m.ranks_down()
+    assert "rank_active_memory_bytes{" not in m.render().decode()
+
+
 def test_endpoint_labels_are_bounded() -> None:
     assert endpoint_label("/v1/completions/") == "/v1/completions"
     assert endpoint_label("/v1/models/a/b") == "/v1/models/{id}"
