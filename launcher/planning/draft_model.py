@@ -13,8 +13,8 @@ from pathlib import Path
 from launcher.planning.model_source import (
     CONFIG,
     MAX_CONFIG_BYTES,
-    _hub_file,
-    _read_json,
+    hub_file,
+    read_json,
     resolve_model,
 )
 from topology.errors import InputError
@@ -32,12 +32,12 @@ def _file(model: str, name: str, required: bool) -> Path | None:
         if required:
             raise InputError(f"--draft-model {model}: no {name} in {src.id}")
         return None
-    return _hub_file(src.id, name, required)
+    return hub_file(src.id, name, required)
 
 
 def _vocab(path: Path, label: str) -> dict[int, str]:
     """id -> token of a tokenizer.json (BPE/WordPiece: a token -> id map; Unigram: a list)."""
-    raw = _read_json(path, label, MAX_TOKENIZER_BYTES)
+    raw = read_json(path, label, MAX_TOKENIZER_BYTES)
     model = raw.get("model") if isinstance(raw, dict) else None
     vocab = model.get("vocab") if isinstance(model, dict) else None
     out: dict[int, str] = {}
@@ -55,7 +55,7 @@ def _vocab(path: Path, label: str) -> dict[int, str]:
 
 
 def _vocab_size(model: str, label: str) -> int:
-    config = _read_json(_file(model, CONFIG, True) or Path(), label, MAX_CONFIG_BYTES)
+    config = read_json(_file(model, CONFIG, True) or Path(), label, MAX_CONFIG_BYTES)
     size = config.get("vocab_size") if isinstance(config, dict) else None
     if not isinstance(size, int):  # multimodal configs keep it in their text part
         text = config.get("text_config") if isinstance(config, dict) else None

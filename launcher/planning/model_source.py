@@ -48,7 +48,7 @@ def resolve_model(model: str) -> ModelSource:
     )
 
 
-def _read_json(path: Path, label: str, max_bytes: int) -> Any:
+def read_json(path: Path, label: str, max_bytes: int) -> Any:
     """The file's JSON value, through the parser boundary (size, depth, UTF-8, numbers)."""
     try:
         with path.open("rb") as f:
@@ -72,7 +72,7 @@ def _offline(repo: str) -> InputError:
     )
 
 
-def _hub_file(repo: str, filename: str, required: bool) -> Path | None:
+def hub_file(repo: str, filename: str, required: bool) -> Path | None:
     """The cached (or freshly downloaded) file, None when an optional file does not exist."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import (
@@ -127,17 +127,17 @@ def load_model_spec(model: str) -> ModelSpec:
             raise InputError(f"--model {model}: no {CONFIG} in {src.id}: not a model directory")
         index_path = directory / INDEX if (directory / INDEX).is_file() else None
     else:
-        config_path, label = _hub_file(src.id, CONFIG, required=True), f"{src.id}/{CONFIG}"
-        index_path = _hub_file(src.id, INDEX, required=False)
+        config_path, label = hub_file(src.id, CONFIG, required=True), f"{src.id}/{CONFIG}"
+        index_path = hub_file(src.id, INDEX, required=False)
     if config_path is None:
         raise _offline(src.id)
-    config = _read_json(config_path, label, MAX_CONFIG_BYTES)
+    config = read_json(config_path, label, MAX_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise InputError(f"{label}: must be a JSON object")
     index = None
     if index_path is not None:
         index_label = label.replace(CONFIG, INDEX)
-        index = _read_json(index_path, index_label, MAX_INDEX_BYTES)
+        index = read_json(index_path, index_label, MAX_INDEX_BYTES)
         if not isinstance(index, dict):
             raise InputError(f"{index_label}: must be a JSON object")
     return replace(spec_from_config(config, index, source=label), source=src.id)

@@ -14,6 +14,8 @@ from typing import Any
 from serve_bench.procs import Proc, start_proc
 from serve_bench.servers import CLI, READY_LINE
 
+from launcher.ranks.marked import marked_rank_pids
+
 MARKER_VAR = "MLX_CLUSTER_SOAK_MARKER"
 HTTP_TIMEOUT_S = 5.0
 
@@ -64,23 +66,7 @@ def wait_ready(proc: Proc, marker: str, timeout_s: float) -> Served:
 
 def rank_pids(marker: str) -> dict[int, int]:
     """{MLX_RANK: pid} of the live `cluster.rank` processes whose environment has our marker."""
-    found: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if b"cluster.rank" not in (entry / "cmdline").read_bytes().split(b"\0"):
-                continue
-            env = dict(
-                item.decode(errors="replace").partition("=")[::2]
-                for item in (entry / "environ").read_bytes().split(b"\0")
-                if item
-            )
-        except OSError:  # gone meanwhile
-            continue
-        if env.get(MARKER_VAR) == marker:
-            found[int(env.get("MLX_RANK", "-1"))] = int(entry.name)
-    return found
+    return marked_rank_pids(MARKER_VAR, marker)
 
 
 def rss_bytes(pid: int) -> int | None:

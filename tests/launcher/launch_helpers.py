@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from cluster.tiny_model import write_tiny_model
+from launcher.ranks.marked import marked_rank_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 MLX_CLUSTER = str(ROOT / ".venv" / "bin" / "mlx-cluster")
@@ -36,24 +37,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def rank_pids(marker: str) -> dict[int, int]:
     """{MLX_RANK: pid} of the live `cluster.rank` processes carrying this marker."""
-    found: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            if b"cluster.rank" not in cmdline:
-                continue
-            env = dict(
-                item.decode(errors="replace").partition("=")[::2]
-                for item in (entry / "environ").read_bytes().split(b"\0")
-                if item
-            )
-        except OSError:  # gone meanwhile
-            continue
-        if env.get(MARKER_VAR) == marker:
-            found[int(env.get("MLX_RANK", "-1"))] = int(entry.name)
-    return found
+    return marked_rank_pids(MARKER_VAR, marker)
 
 
 class CliProcess:
