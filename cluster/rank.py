@@ -65,7 +65,7 @@ class Reporter:
 
     def heartbeat(self) -> None:
         age = round(time.monotonic() - self.last_progress, 3)
-        self.emit("heartbeat", stage=self.stage, progress_age_s=age, **_memory())
+        self.emit("heartbeat", stage=self.stage, progress_age_s=age, **_memory(), **_steps())
 
 
 def _memory() -> dict[str, int]:
@@ -84,6 +84,14 @@ def _memory() -> dict[str, int]:
         with contextlib.suppress(Exception):  # an MLX without it: the heartbeat goes regardless
             out[key] = int(getattr(mx, read)())
     return out
+
+
+def _steps() -> dict[str, float]:
+    """A serving rank's median decoding step since its last heartbeat (cluster/serve/step_times.py;
+    looked up, not imported, so a rank that does not serve never loads it)."""
+    times = sys.modules.get("cluster.serve.step_times")
+    step_s = None if times is None else times.take()
+    return {} if step_s is None else {"step_s": round(step_s, 6)}
 
 
 # Lines after the job line: serve mode's requests (cluster/serve/loop.py); unread otherwise.

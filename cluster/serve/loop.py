@@ -21,6 +21,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from cluster.generate import PROGRESS_EVERY_S, Emit
 from cluster.job import RankJob
+from cluster.serve import step_times
 from cluster.serve.control import Step, share
 from cluster.serve.engine import MAX_CHUNK, Engine
 from cluster.serve.requests import Limits
@@ -119,8 +120,9 @@ def serve(
             started = time.monotonic()
             prompt_responses, responses = engine.next()
             faults = engine.failed()  # on every rank: each forgets its faulted sequences
+            took = time.monotonic() - started
+            step_times.record(took)
             if scheduler is not None:
-                took = time.monotonic() - started
                 scheduler.observe(prompt_responses, responses, took, faults)
                 scheduler.flush()
             if time.monotonic() - last_progress >= PROGRESS_EVERY_S:

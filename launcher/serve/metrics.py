@@ -129,6 +129,12 @@ class ServeMetrics:
             PREFIX + "rank_cache_memory_bytes", "Each rank's MLX buffer cache", ["rank"],
             registry=r,
         )  # fmt: skip
+        # Each rank's own median step over its last heartbeat: in lockstep they are close; a
+        # rank whose step stands out waits less in the collectives than the slowest (or is it).
+        self.rank_step = Gauge(
+            PREFIX + "rank_step_seconds", "Each rank's median decoding step, as it measured it",
+            ["rank"], registry=r,
+        )  # fmt: skip
         # The KV memory budget (topology/planning/serving.py), set with each plan; what it holds
         # for the running sequences comes with `stats`.
         self.kv_budget = Gauge(
@@ -174,7 +180,8 @@ class ServeMetrics:
             self.step_window.add(now - last)
 
     def heartbeat(self, rank: int, event: dict[str, Any]) -> None:
-        """A rank's heartbeat: its peak, active and cache memory, once MLX has loaded there."""
+        """A rank's heartbeat: its peak, active and cache memory once MLX has loaded there, and
+        its median step since the last heartbeat while it decodes."""
         peak = _int(event, "peak_memory_bytes")
         if peak:
             self.peak_memory.labels(str(rank)).set(peak)
@@ -184,6 +191,9 @@ class ServeMetrics:
         ):
             if isinstance(event.get(key), int):  # 0 is a real value here (an emptied cache)
                 gauge.labels(str(rank)).set(_int(event, key))
+        step_s = event.get("step_s")
+        if isinstance(step_s, int | float) and not isinstance(step_s, bool) and step_s >= 0:
+            self.rank_step.labels(str(rank)).set(step_s)
 
     def memory_budget(self, budget: dict[str, Any]) -> None:
         """The plan's KV memory budget (MemoryBudget.to_json()), set for every new plan."""
@@ -230,7 +240,7 @@ class ServeMetrics:
         self.cache_ratio.set(0)
         self.kv_reserved.set(0)
         self.step.set(0)
-        for per_rank in (self.peak_memory, self.active_memory, self.cache_memory):
+        for per_rank in (self.peak_memory, self.active_memory, self.cache_memory, self.rank_step):
             per_rank.clear()  # the next plan's ranks may be fewer
         with self._lock:
             self._seen_hits = self._seen_lookups = 0

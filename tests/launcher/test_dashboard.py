@@ -139,6 +139,10 @@ def test_state_and_stream_carry_the_contract_and_the_page_loads_nothing_from_out
     assert len(frames) >= 3, [f["time"] for f in frames]
     assert all(f.keys() >= STATE_KEYS for f in frames)
     assert max(f["serving"]["running"] for f in frames) >= 1
+    # Each rank's step time, as that rank measured it (its heartbeat), not rank 0's for all.
+    ranks = frames[-1]["serving"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(0 < r["step_s"] < 10 for r in ranks), ranks
     # The page and its files: same-origin only, no CDN.
     status, html = _get(server, "/")
     assert status == 200

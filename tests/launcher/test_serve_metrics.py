@@ -146,8 +146,14 @@ def test_heartbeats_feed_each_ranks_memory_until_the_ranks_go_down() -> None:
     assert _sample(text, "mlx_cluster_rank_active_memory_bytes", rank="1") == 500
     assert 'mlx_cluster_rank_cache_memory_bytes{rank="1"} 0.0' in text  # an emptied cache
     assert 'rank_active_memory_bytes{rank="0"}' not in text  # never reported: not a made-up 0
+    m.heartbeat(1, {"step_s": 0.012})  # its own median step since its last heartbeat
+    m.heartbeat(0, {"step_s": "fast"})  # not a number: ignored
+    text = m.render().decode()
+    assert _sample(text, "mlx_cluster_rank_step_seconds", rank="1") == pytest.approx(0.012)
+    assert 'rank_step_seconds{rank="0"}' not in text
     m.ranks_down()
     assert "rank_active_memory_bytes{" not in m.render().decode()
+    assert "rank_step_seconds{" not in m.render().decode()
 
 
 def test_endpoint_labels_are_bounded() -> None:

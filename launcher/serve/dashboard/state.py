@@ -127,11 +127,11 @@ class DashboardState:
         ttft, itl, step = (w.percentiles(now) for w in (m.ttft_window, m.itl_window, m.step_window))
         drafted, accepted = _get(s, "drafted_tokens_total"), _get(s, "accepted_draft_tokens_total")
         checks = _get(s, "draft_checks_total")
-        peaks = {
-            int(labels[0][1]): value
-            for (name, labels), value in s.items()
-            if name == PREFIX + "rank_peak_memory_bytes" and labels
-        }
+        peaks, steps = (
+            {int(labels[0][1]): value for (name, labels), value in s.items()
+             if name == PREFIX + metric and labels}
+            for metric in ("rank_peak_memory_bytes", "rank_step_seconds")
+        )  # fmt: skip
         hosts = [r.host for r in target.plan.ranks] if target is not None else []
         totals = {
             "prompt_tokens": _get(s, "prompt_tokens_total"),
@@ -177,7 +177,7 @@ class DashboardState:
             "ranks": [
                 {"rank": r, "host": hosts[r] if r < len(hosts) else "?",
                  "heard_s_ago": ago, "peak_memory_bytes": peaks.get(r),
-                 "step_s": step["p50"]}
+                 "step_s": steps.get(r)}
                 for r, ago in enumerate(heard)
             ],
             "series": self.series.to_json(now),

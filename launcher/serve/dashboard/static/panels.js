@@ -85,7 +85,7 @@ const MLXPanels = (() => {
     );
     rankRoot.replaceChildren(
       el("h3", {}, "Ranks"),
-      table(["rank", "host", "step time p50", "peak memory", "last heard"], s.ranks.map((r) => [
+      table(["rank", "host", "step time (own)", "peak memory", "last heard"], s.ranks.map((r) => [
         String(r.rank), r.host, ms(r.step_s), bytes(r.peak_memory_bytes), `${num(r.heard_s_ago)} s ago`,
       ])),
     );
