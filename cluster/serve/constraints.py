@@ -87,6 +87,32 @@ def tool_call_grammar(
     return llguidance.LLMatcher.grammar_from_lark(f"start: {repeat}\n{call}")
 
 
+def auto_tool_grammar(
+    tools: list[dict[str, Any]], start: str, end: str, many: bool,
+    answer: dict[str, Any] | None = None,
+) -> str:  # fmt: skip
+    """tool_choice "auto" with a strict tool: any text, and wherever the model writes its call
+    start marker, a call as the forced grammar has it (a tool's name and its arguments), then
+    any text again (one call at most unless `many`). Text without the marker is left alone.
+    With `answer` (response_format's schema) the reply is either that JSON or the calls."""
+    names = [t["function"]["name"] for t in tools if t.get("function")]
+    body = "%json " + json.dumps({**_call_schema(tools, names), "x-guidance": JSON_STYLE})
+    close = json.dumps(chr(10) + end)
+    if answer is not None:
+        calls = 'call ("\\n" call)*' if many else "call"
+        return llguidance.LLMatcher.grammar_from_lark(
+            f"start: answer | {calls}\n"
+            f"answer: %json {json.dumps({**answer, 'x-guidance': JSON_STYLE})}\n"
+            f"call: {json.dumps(start + chr(10))} {body} {close}"
+        )
+    return llguidance.LLMatcher.grammar_from_lark(
+        f"start: call{'*' if many else '?'} TEXT\n"
+        f"call: head {json.dumps(chr(10))} {body} {close}\n"
+        f"head[lazy]: TEXT {json.dumps(start)}\n"  # text up to the first marker, then the call
+        "TEXT: /(.|\\n)*/"
+    )
+
+
 def check_grammar(grammar: str, tokenizer: TokenizerWrapper) -> None:
     """Rank 0, before admitting the request: GrammarError naming what llguidance refuses."""
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(

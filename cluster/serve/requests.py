@@ -13,7 +13,13 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from cluster.serve.constraints import GrammarError, check_grammar, json_grammar, tool_call_grammar
+from cluster.serve.constraints import (
+    GrammarError,
+    auto_tool_grammar,
+    check_grammar,
+    json_grammar,
+    tool_call_grammar,
+)
 from cluster.serve.control import Sampling
 from cluster.serve.kv_budget import per_choice_limit
 from cluster.serve.tool_stream import json_calls
@@ -106,7 +112,14 @@ def _tools(raw: dict[str, Any], tokenizer: TokenizerWrapper) -> Tools:
     if not tools or choice == "none":
         return "none", (), None
     if choice == "auto":
-        return ("auto" if tokenizer.has_tool_calling else "none"), (), None
+        if not tokenizer.has_tool_calling:
+            return "none", (), None
+        start, end = _json_tool_markers(tokenizer)
+        if not raw.get("strict_tools") or start is None or end is None:
+            return "auto", (), None
+        # A strict tool: whatever call the model starts is held to its schema (OpenAI's rule).
+        many = bool(raw.get("parallel_tool_calls", True))
+        return "auto", (), auto_tool_grammar(tools, start, end, many, _answer_schema(raw))
     if choice == "required":
         names = [t["function"]["name"] for t in tools if t.get("function")]
     else:
@@ -116,13 +129,18 @@ def _tools(raw: dict[str, Any], tokenizer: TokenizerWrapper) -> Tools:
     return "forced", tuple(names), tool_call_grammar(tools, names, start, end, many)
 
 
+def _answer_schema(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """response_format's schema ({"type": "object"} for json_object), None when it has none."""
+    fmt = raw.get("response_format") or {}
+    if fmt.get("type") == "json_schema":
+        return dict(fmt.get("schema") or {"type": "object"})
+    return {"type": "object"} if fmt.get("type") == "json_object" else None
+
+
 def _grammar(raw: dict[str, Any], tokenizer: TokenizerWrapper) -> Tools:
     mode, names, grammar = _tools(raw, tokenizer)
-    fmt = raw.get("response_format") or {}
-    if grammar is None and fmt.get("type") == "json_schema":
-        grammar = json_grammar(fmt.get("schema") or {})
-    elif grammar is None and fmt.get("type") == "json_object":
-        grammar = json_grammar(None)
+    if grammar is None and (answer := _answer_schema(raw)) is not None:
+        grammar = json_grammar(answer)
     if grammar is not None:
         check_grammar(grammar, tokenizer)
     return mode, names, grammar

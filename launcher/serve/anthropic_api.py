@@ -143,13 +143,14 @@ def _messages(raw: dict[str, Any]) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
-def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
-    """Anthropic's client tools as OpenAI function tools (input_schema → parameters)."""
+def _tools(value: Any) -> tuple[tuple[dict[str, Any], ...] | None, tuple[str, ...]]:
+    """Anthropic's client tools as OpenAI function tools (input_schema → parameters), as the
+    chat template gets them, and the names of the strict ones."""
     if value is None or value == []:
-        return None
+        return None, ()
     if not isinstance(value, list) or len(value) > MAX_TOOLS:
         raise bad(f"'tools' must be a list of up to {MAX_TOOLS} tools", "tools")
-    tools, names = [], set()
+    tools, names, strict = [], set(), []
     for i, tool in enumerate(value):
         at = f"tools[{i}]"
         if not isinstance(tool, dict):
@@ -165,13 +166,14 @@ def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
             raise bad(f"{at}.input_schema must be a JSON schema object", f"{at}.input_schema")
         if strict_flag(tool.get("strict"), f"{at}.strict"):
             schema = strict_schema(schema, f"{at}.input_schema")
+            strict.append(name)
         function: dict[str, Any] = {"name": name, "parameters": schema}
         if tool.get("description") is not None:
             if not isinstance(tool["description"], str):
                 raise bad(f"{at}.description must be a string", f"{at}.description")
             function["description"] = tool["description"]
         tools.append({"type": "function", "function": function})
-    return tuple(tools)
+    return tuple(tools), tuple(strict)
 
 
 def _tool_choice(value: Any) -> tuple[ToolChoice | None, bool | None]:
@@ -220,13 +222,14 @@ def _conversation(raw: dict[str, Any]) -> dict[str, Any]:
     if model is not None and not isinstance(model, str):
         raise bad("'model' must be a string", "model")
     messages = _messages(raw)
-    tools = _tools(raw.get("tools"))
+    tools, strict = _tools(raw.get("tools"))
     choice, parallel = _tool_choice(raw.get("tool_choice"))
     return {
         "messages": messages,
         "tools": tools,
         "tool_choice": checked_choice(choice, tools, "tool_choice"),
         "parallel_tool_calls": parallel if tools else None,
+        "strict_tools": strict or None,
     }
 
 

@@ -280,13 +280,14 @@ def _message(m: Any, i: int) -> dict[str, Any]:
     return {"role": "system" if role == "developer" else role, "content": _text(content, where)}
 
 
-def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
+def _tools(value: Any) -> tuple[tuple[dict[str, Any], ...] | None, tuple[str, ...]]:
+    """The tools as the chat template gets them, and the names of the strict ones."""
     """OpenAI's function tools, checked; each keeps name, description and parameters."""
     if value is None or value == []:
-        return None
+        return None, ()
     if not isinstance(value, list) or len(value) > MAX_TOOLS:
         raise bad(f"'tools' must be a list of up to {MAX_TOOLS} function tools", "tools")
-    tools, names = [], set()
+    tools, names, strict = [], set(), []
     for i, tool in enumerate(value):
         at = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function":
@@ -307,8 +308,9 @@ def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
         if strict_flag(function.get("strict"), f"{at}.function.strict"):
             params = kept.get("parameters", {"type": "object", "properties": {}})
             kept["parameters"] = strict_schema(params, f"{at}.function.parameters")
+            strict.append(name)
         tools.append({"type": "function", "function": kept})
-    return tuple(tools)
+    return tuple(tools), tuple(strict)
 
 
 def _tool_choice(value: Any) -> ToolChoice | None:
@@ -343,7 +345,7 @@ def parse_chat(body: bytes) -> GenerateRequest:
         raise bad("'messages' must be a non-empty list of {role, content}", "messages")
     checked = tuple(_message(m, i) for i, m in enumerate(messages))
     common = _common(raw, "chat")
-    tools = _tools(raw.get("tools"))
+    tools, strict = _tools(raw.get("tools"))
     parallel = raw.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise bad("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
@@ -353,6 +355,7 @@ def parse_chat(body: bytes) -> GenerateRequest:
         tools=tools,
         tool_choice=checked_choice(_tool_choice(raw.get("tool_choice")), tools, "tool_choice"),
         parallel_tool_calls=parallel if tools else None,
+        strict_tools=strict or None,
         logprobs=_chat_logprobs(raw),
         n=int(integer(raw, "n", 1, 1, MAX_CHOICES) or 1),
     )

@@ -72,6 +72,7 @@ class GenerateRequest:
     tools: tuple[dict[str, Any], ...] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    strict_tools: tuple[str, ...] | None = None  # tools with strict: true (auto mode constrains)
     response_format: dict[str, Any] | None = None
     logprobs: int | None = None  # top alternatives per token (0: only the chosen token's)
     top_k: int = 0
@@ -102,6 +103,7 @@ class GenerateRequest:
             "tools": None if self.tools is None else list(self.tools),
             "tool_choice": self.tool_choice,
             "parallel_tool_calls": self.parallel_tool_calls,
+            "strict_tools": None if self.strict_tools is None else list(self.strict_tools),
             "response_format": self.response_format,
             "logprobs": self.logprobs,
             "top_k": self.top_k or None,

@@ -251,6 +251,31 @@ def test_json_object_is_an_object(server: Server, tiny_model: Path) -> None:
     assert isinstance(json.loads(out.choices[0].message.content or ""), dict)
 
 
+def test_auto_mode_holds_a_strict_tools_call_to_its_schema(
+    server: Server, tiny_model: Path
+) -> None:
+    """tool_choice auto, a strict tool and response_format: the answer is that JSON or a call.
+    A bias on '<' makes the random model start the call; from there the grammar writes the
+    tool's name and holds the arguments to the closed schema (city ≤ 12 characters, unit an
+    enum), so the call ends and validates, and nothing of it comes back as content."""
+    _, tokenizer = _loaded(str(tiny_model))
+    lt = tokenizer.encode("<", add_special_tokens=False)[-1]
+    weather = {**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}
+    fields: Any = {"model": "m", "messages": USER, "tools": [weather], "tool_choice": "auto"}
+    fields |= {"response_format": {"type": "json_object"}, "parallel_tool_calls": False}
+    fields |= {"max_tokens": 200, "temperature": 0, "logit_bias": {str(lt): 100}}
+    client = server.client(KEY)
+    out = client.chat.completions.create(**fields)
+    assert out.choices[0].finish_reason == "tool_calls", out
+    assert not out.choices[0].message.content
+    _check_calls(out.choices[0].message.tool_calls or [], {"get_weather"})
+    calls, finish = _streamed_calls(list(client.chat.completions.create(**fields, stream=True)))
+    assert finish == "tool_calls"
+    assert [c.function.arguments for c in calls] == [
+        c.function.arguments for c in out.choices[0].message.tool_calls or []
+    ]
+
+
 def test_unsupported_schema_feature_is_400_naming_it(server: Server) -> None:
     schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     fmt: Any = {"type": "json_schema", "json_schema": {"name": "out", "schema": schema}}

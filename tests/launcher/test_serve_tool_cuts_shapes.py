@@ -188,6 +188,17 @@ def test_without_strict_the_schema_is_as_given() -> None:
     assert _parameters(_chat(tools=[_strict_tool(NESTED, strict=False)])) == NESTED
 
 
+def test_rank_0_learns_which_tools_are_strict_and_the_template_sees_no_flag() -> None:
+    """The strict names travel beside the tools (auto mode then holds any call to its schema);
+    the tools themselves go to the chat template as they were, with no `strict` key added."""
+    loose = {"type": "function", "function": {"name": "get_time", "parameters": CITY}}
+    line = json.loads(_chat(tools=[_strict_tool(CITY), loose]).rank_line("c", seed=1))
+    assert line["strict_tools"] == ["get_weather"]
+    assert all("strict" not in t["function"] for t in line["tools"])
+    plain = json.loads(_chat(tools=[loose]).rank_line("c", seed=1))
+    assert "strict_tools" not in plain
+
+
 @pytest.mark.parametrize(
     ("schema", "param", "words"),
     [
@@ -248,6 +259,7 @@ def test_anthropic_strict_tools_follow_the_same_rules() -> None:
     body = {"model": "m", "max_tokens": 8, "messages": USER, "tools": [tool]}
     line = json.loads(parse_messages(json.dumps(body).encode()).rank_line("m", seed=1))
     assert line["tools"][0]["function"]["parameters"] == {**CITY, "additionalProperties": False}
+    assert line["strict_tools"] == ["get_weather"]
     tool["input_schema"] = {**CITY, "required": []}
     with pytest.raises(ApiError) as e:
         parse_messages(json.dumps(body).encode())
