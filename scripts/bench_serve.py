@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench_serve.py [--reps 3] [--concurrency 1 4 8 16] [--per-client 2]
         [--max-tokens 48] [--prefix-tokens 1000] [--conversations 2] [--one-at-a-time]
         [--layers 8 --hidden 512 --heads 8 --kv-heads 4] [--dashboard] [--dashboard-cost]
+        [--dashboard-ab]
         [--json PATH] [--cli MLX_CLUSTER]
 
 A tiny-but-real random-weight llama is built offline (8 layers, hidden 512, 8 heads / 4 KV heads).
@@ -91,6 +92,13 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="instead of the comparison: the serve process's CPU with 0, 1 and 10 dashboard\n"
         "streams open (idle, interleaved, --reps times, 20 s each)",
+    )
+    p.add_argument(
+        "--dashboard-ab",
+        action="store_true",
+        help="instead of the comparison: our server alone, per rep and concurrency three\n"
+        "rounds, one with a dashboard stream open, two without (an A/A noise reference);\n"
+        "prints the ratios with / without and without / without",
     )
     p.add_argument("--json", type=Path, metavar="PATH", help="write raw and summary figures")
     args = p.parse_args()

@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
         if args.dashboard_cost:
             return _dashboard_cost(args, model, logs)
+        if args.dashboard_ab:
+            return _dashboard_ab(args, model, logs)
         tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
         bench = Bench(args, model, logs, procs, tokenizer, WORKLOADS)
         try:
@@ -90,5 +92,21 @@ def _dashboard_cost(args: argparse.Namespace, model: Path, logs: Path) -> int:
     print("|---|---:|")
     for n, share in shares.items():
         print(f"| {n} | {100 * share:.2f} |")
+    print(f"machine: {machine_line(machine())}")
+    return 0
+
+
+def _dashboard_ab(args: argparse.Namespace, model: Path, logs: Path) -> int:
+    from .dashboard_ab import measure, table
+
+    ratios = measure(args, model, logs)
+    print(
+        f"\nmodel: random-weight llama, {args.layers} layers, hidden {args.hidden}; {RANKS} ranks, "
+        f"tensor parallel; {args.reps} reps; {args.per_client} streamed requests per client, "
+        f"max_tokens {args.max_tokens}; medians (min–max) over reps of per-rep ratios"
+    )
+    print("\n".join(table(ratios)))
+    events = [e for r in ratios.values() for e in r.events]
+    print(f"dashboard state events read per round with it open: {min(events)}–{max(events)}")
     print(f"machine: {machine_line(machine())}")
     return 0
