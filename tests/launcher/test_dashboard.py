@@ -211,6 +211,11 @@ def test_counters_and_charts_move_while_requests_run(page: Any, server: Server) 
     assert "ms" in text(page, "fig-itl")
     for chart in ("requests running / queued", "tokens/s prompt / generation"):
         assert _chart_rose(page, chart), f"{chart}: every point on the baseline"
+    # The step chart: the batch's p50 and one line per rank, each rank's own step time.
+    steps = page.find_element("css selector", '[data-chart^="step time"]')
+    assert " r0 " in f" {steps.text} " and " r1 " in f" {steps.text} ", steps.text
+    lines = steps.find_elements("css selector", "polyline")
+    assert len(lines) == 3 and all(ln.get_attribute("points") for ln in lines)
     assert console_errors(page) == []
 
 

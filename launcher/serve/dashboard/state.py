@@ -151,6 +151,7 @@ class DashboardState:
             "prefix_cache_hit_ratio": _get(s, "prefix_cache_hit_ratio"),
             "acceptance": acceptance,
             **{f"peak_memory_rank{r}": v for r, v in peaks.items()},
+            **{f"step_rank{r}": v for r, v in steps.items()},
         }  # fmt: skip
         self.series.sample(now, totals, figures)
         rates = self.series.rates()

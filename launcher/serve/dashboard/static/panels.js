@@ -62,8 +62,10 @@ const MLXPanels = (() => {
     const x = s.series, ago = x.ago_s || [];
     const col = (k) => x[k] || [];
     const scaled = (k, f) => col(k).map((v) => (v === null ? null : v * f));
-    const memory = Object.keys(x).filter((k) => k.startsWith("peak_memory_rank")).sort()
-      .map((k) => ({ name: `r${k.slice(16)}`, values: scaled(k, 1e-6) }));
+    // One line per rank: the figures the state names <prefix><rank> (peak_memory_rank1...).
+    const perRank = (prefix, f) => Object.keys(x).filter((k) => k.startsWith(prefix)).sort()
+      .map((k) => ({ name: `r${k.slice(prefix.length)}`, values: scaled(k, f) }));
+    const memory = perRank("peak_memory_rank", 1e-6);
     chartRoot.replaceChildren(
       MLXCharts.chart("requests running / queued", ago,
         [{ name: "run", values: col("running") }, { name: "q", values: col("queued") }], (v) => v.toFixed(0)),
@@ -79,8 +81,9 @@ const MLXPanels = (() => {
         [{ name: "", values: scaled("prefix_cache_hit_ratio", 100) }], (v) => v.toFixed(0)),
       MLXCharts.chart("drafts accepted (%)", ago,
         [{ name: "", values: scaled("acceptance", 100) }], (v) => v.toFixed(0)),
-      MLXCharts.chart("step time p50 (ms)", ago,
-        [{ name: "", values: scaled("step_p50", 1000) }], (v) => v.toFixed(1)),
+      MLXCharts.chart("step time, batch p50 and each rank's (ms)", ago,
+        [{ name: "p50", values: scaled("step_p50", 1000) }, ...perRank("step_rank", 1000)],
+        (v) => v.toFixed(1)),
       MLXCharts.chart("peak memory per rank (MB)", ago, memory, (v) => v.toFixed(1)),
     );
     rankRoot.replaceChildren(
