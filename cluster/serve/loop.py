@@ -121,7 +121,8 @@ def serve(
             prompt_responses, responses = engine.next()
             faults = engine.failed()  # on every rank: each forgets its faulted sequences
             took = time.monotonic() - started
-            step_times.record(took)
+            if responses and not prompt_responses:  # decoding steps only, as rank 0's step lines
+                step_times.record(took)
             if scheduler is not None:
                 scheduler.observe(prompt_responses, responses, took, faults)
                 scheduler.flush()
