@@ -27,7 +27,7 @@ import traceback
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from cluster import blas
+from cluster import blas, heap
 from cluster.job import RankJob, event_line
 from topology.errors import InputError
 
@@ -210,6 +210,7 @@ def main() -> int:
     except InputError as e:
         stderr.write(event_line("error", rank=job.rank, kind="input", message=str(e)))
         return EXIT_INPUT
+    heap.return_freed_buffers()  # before MLX allocates: RSS then follows what MLX holds
     _start_guard(job)
     stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     reporter = Reporter(stderr, job.rank)

@@ -1,0 +1,64 @@
+"""Linux ranks give freed big buffers back to the system (cluster/heap.py): glibc, left to
+itself, keeps them on the heap once a big block has been freed; with the threshold held they
+leave the process's RSS as soon as they are freed. Each case runs in a fresh interpreter (the
+allocator's state is per process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster import heap
+
+ROOT = Path(__file__).resolve().parents[2]
+MB = 1 << 20
+SCRIPT = """
+import ctypes, sys
+from cluster import heap
+if sys.argv[1] == "held":
+    assert heap.return_freed_buffers()
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+size = 8 << 20
+first = libc.malloc(size); libc.memset(first, 1, size); libc.free(first)  # a big block freed
+blocks = [libc.malloc(size) for _ in range(24)]
+for b in blocks:
+    libc.memset(b, 1, size)
+before = rss()
+for b in blocks[:-1]:  # the last stays: a heap cannot shrink below a block in use
+    libc.free(b)
+print(before - rss())
+"""
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="glibc's allocator: Linux ranks only"
+)
+
+
+def _freed(mode: str) -> int:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, mode], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return int(out.stdout.strip())
+
+
+def test_freed_big_buffers_leave_rss_only_with_the_threshold_held() -> None:
+    assert _freed("default") < 32 * MB  # glibc kept them: what the rank would carry
+    assert _freed("held") > 150 * MB  # 23 blocks of 8 MiB went back at once
+
+
+def test_a_users_own_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert heap.return_freed_buffers() is False
