@@ -16,7 +16,7 @@ from typing import Any
 import anthropic
 import jsonschema
 import pytest
-from api_cases import ADD, USER, keyed_server
+from api_cases import ADD, USER, WEATHER, keyed_server
 from api_cases import ANTHROPIC_TOOLS as TOOLS
 from launch_helpers import tiny_model
 from serve_helpers import Server
@@ -217,6 +217,35 @@ def test_structured_output(server: Server) -> None:
     block = out.content[0]
     assert out.stop_reason == "end_turn" and isinstance(block, anthropic.types.TextBlock)
     jsonschema.validate(json.loads(block.text), schema)
+
+
+def test_auto_with_a_strict_tool_answers_the_format_or_a_valid_call(server: Server) -> None:
+    """tool_choice auto, a strict tool and output_config: every answer is that JSON or one
+    tool_use whose input validates against the closed schema (bounded: a city of at most 12
+    characters and an enum, so a random model's call ends), never anything else."""
+    answer = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    weather = {"name": "get_weather", "input_schema": WEATHER, "strict": True}
+    kinds = set()
+    for question in ("Hello world", "Add 2 and 3", "What now?", "Sum these", "Weather?"):
+        out = _client(server).messages.create(
+            model="m", max_tokens=200, tools=[weather],
+            tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+            messages=[{"role": "user", "content": question}],
+            output_config={"format": {"type": "json_schema", "schema": answer}},
+            extra_body=GREEDY,
+        )  # fmt: skip
+        uses = [b for b in out.content if isinstance(b, anthropic.types.ToolUseBlock)]
+        if uses:
+            (use,) = uses
+            assert out.stop_reason == "tool_use" and use.name == "get_weather", out
+            jsonschema.validate(use.input, WEATHER)
+            kinds.add("tool_use")
+        else:
+            (block,) = out.content
+            assert out.stop_reason == "end_turn" and isinstance(block, anthropic.types.TextBlock)
+            jsonschema.validate(json.loads(block.text), answer)
+            kinds.add("text")
+    assert "tool_use" in kinds, kinds  # the strict call was made, and checked
 
 
 def _raw_stream(s: Server, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
