@@ -3,8 +3,7 @@
 
     .venv/bin/python scripts/bench_serve.py [--reps 3] [--concurrency 1 4 8 16] [--per-client 2]
         [--max-tokens 48] [--prefix-tokens 1000] [--conversations 2] [--one-at-a-time]
-        [--layers 8 --hidden 512 --heads 8 --kv-heads 4] [--dashboard] [--dashboard-cost]
-        [--dashboard-ab]
+        [--layers 8 --hidden 512 --heads 8 --kv-heads 4] [--dashboard-cost] [--dashboard-ab]
         [--json PATH] [--cli MLX_CLUSTER]
 
 A tiny-but-real random-weight llama is built offline (8 layers, hidden 512, 8 heads / 4 KV heads).
@@ -80,12 +79,6 @@ def parse_args() -> argparse.Namespace:
         help="per repetition, start one server, run all its rounds, stop it, then the other\n"
         "(an idle server's ranks spin in a collective; on a few-core machine that slows the\n"
         "other one down; this costs a reload per server and repetition)",
-    )
-    p.add_argument(
-        "--dashboard",
-        action="store_true",
-        help="keep a dashboard open on our server while it is up (a client of\n"
-        "/v1/cluster/stream reading every event): compare with a run without it",
     )
     p.add_argument(
         "--dashboard-cost",

@@ -129,8 +129,8 @@ class ServeMetrics:
             PREFIX + "rank_cache_memory_bytes", "Each rank's MLX buffer cache", ["rank"],
             registry=r,
         )  # fmt: skip
-        # Each rank's own median step over its last heartbeat: in lockstep they are close; a
-        # rank whose step stands out waits less in the collectives than the slowest (or is it).
+        # Each rank's own median decoding step over its last heartbeat; it includes the rank's
+        # waits on the others, so tensor ranks in lockstep are close and pipeline stages differ.
         self.rank_step = Gauge(
             PREFIX + "rank_step_seconds", "Each rank's median decoding step, as it measured it",
             ["rank"], registry=r,

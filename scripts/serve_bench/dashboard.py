@@ -1,6 +1,5 @@
-"""--dashboard: a dashboard left open on our server for as long as it is up — a client of
-GET /v1/cluster/stream reading every state event, as the page does — to show that watching the
-cluster costs serving nothing measurable (compare a run with it to one without)."""
+"""A dashboard's stream as an open page reads it: a client of GET /v1/cluster/stream counting
+every state event, for --dashboard-cost and --dashboard-ab."""
 
 from __future__ import annotations
 

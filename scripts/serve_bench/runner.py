@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from .client import count_retries, open_client, run_round
-from .dashboard import DashboardClient
 from .procs import Proc, cpu_seconds, stop_procs
 from .prompts import Prompts, user
 from .servers import NAMES, Server, start_server
@@ -55,7 +54,6 @@ class Bench:
         self.prompts = Prompts(args.seed)
         self.servers: dict[str, Server] = {}
         self.clients: dict[str, Any] = {}
-        self.dashboard: DashboardClient | None = None  # --dashboard: open on ours while it is up
         self.results = Results(ready_s={name: [] for name in NAMES})
 
     async def run(self) -> None:
@@ -85,8 +83,6 @@ class Bench:
         finally:
             for client in self.clients.values():
                 await client.close()
-            if self.dashboard is not None:
-                self.dashboard.close()
 
     def target(self, name: str) -> Target:
         return Target(self.servers[name], self.clients[name], self.args, self.results)
@@ -101,8 +97,6 @@ class Bench:
         for name in names:
             server = self.servers[name] = waiting[name](args.start_timeout)
             self.clients[name] = open_client(server, args.request_timeout, args.max_retries)
-            if args.dashboard and name == "mlx-cluster":
-                self.dashboard = DashboardClient(server.base_url)
         for name in names:
             # Not recorded: mlx-lm loads its weights here; both compile their batched paths.
             for c in (1, 4):
@@ -124,9 +118,6 @@ class Bench:
 
     async def down(self, name: str) -> None:
         await self.clients.pop(name).close()
-        if name == "mlx-cluster" and self.dashboard is not None:
-            self.dashboard.close()
-            self.dashboard = None
         server = self.servers.pop(name)
         stop_procs(server.procs)
         for p in server.procs:
