@@ -28,12 +28,16 @@ def json_calls(tokenizer: TokenizerWrapper) -> bool:
 class ToolCallText:
     """Splits streamed text at the model's call markers into plain text and the pieces of calls.
     Text that could still become a start marker is held back, so a call never leaks out as text.
+    After a call, whitespace alone is held too: it goes out with the text that follows, and is
+    dropped before the next call or at the end (the "\n" models put between calls is no answer).
     """
 
     def __init__(self, start: str, end: str) -> None:
         self.start, self.end = start, end
         self.held = ""  # text not yet known to be outside a call
         self.call: str | None = None  # the open call's body not yet given out (end marker watch)
+        self.called = False  # a call has ended
+        self.gap = ""  # whitespace since the last call's end
 
     @property
     def open(self) -> bool:
@@ -64,7 +68,7 @@ class ToolCallText:
                     break
                 parts += [("call", whole[:j]), ("end", "")]
                 text, self.call = whole[j + len(self.end) :], None
-        return [(kind, s) for kind, s in parts if s or kind == "end"]
+        return self._gaps([(kind, s) for kind, s in parts if s or kind == "end"])
 
     def flush(self) -> list[Part]:
         """At the end: held text is text after all; an open call keeps its last piece."""
@@ -73,7 +77,24 @@ class ToolCallText:
             parts.append(("call", self.call))
             self.call = ""
         self.held = ""
+        parts = self._gaps(parts)
+        self.gap = ""  # whitespace after the last call: dropped
         return parts
+
+    def _gaps(self, parts: list[Part]) -> list[Part]:
+        out: list[Part] = []
+        for kind, s in parts:
+            if kind == "text" and self.called:
+                if not s.strip(WHITESPACE):
+                    self.gap += s
+                    continue
+                s, self.gap = self.gap + s, ""
+            elif kind == "call":
+                self.gap = ""  # whitespace between two calls
+            elif kind == "end":
+                self.called = True
+            out.append((kind, s))
+        return out
 
 
 def partial_suffix(text: str, marker: str) -> int:

@@ -4,6 +4,7 @@ on), ours with --speculative off, and, on one rank, mlx-lm's own server on the s
 from __future__ import annotations
 
 import re
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -12,6 +13,8 @@ from pathlib import Path
 
 from serve_bench.procs import Proc, free_port, start_proc, stop_procs
 from serve_bench.servers import BIN, CLI, PY, BenchError
+
+from spec_bench import ring_wait
 
 READY = re.compile(r"mlx-cluster: serving .* at (http://\S+/v1)")
 
@@ -48,7 +51,15 @@ def start(spec: Spec, model: Path, logs: Path, timeout: float) -> Running:
     argv += ["--model", str(model), "--port", "0"]
     if spec.label == "ours-off":
         argv += ["--speculative", "off"]
-    proc = start_proc(f"{spec.label}-{spec.strategy}{spec.ranks}", argv, logs)
+    env = ring_wait.env(spec.ranks, logs)
+    if env:
+        print(
+            f"{spec.label}: {spec.ranks} ranks on {ring_wait.cores()} cores: ring-wait shim "
+            f"preloaded (scripts/spec_bench/ring_wait.py)",
+            file=sys.stderr,
+            flush=True,
+        )
+    proc = start_proc(f"{spec.label}-{spec.strategy}{spec.ranks}", argv, logs, env)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = READY.search(proc.out.read_text(errors="replace"))

@@ -46,8 +46,16 @@ def feed_all(pieces: list[str]) -> tuple[str, list[str]]:
 @pytest.mark.parametrize("size", [1, 2, 3, 7, len(TEXT)])
 def test_calls_come_out_whole_however_the_text_is_cut(size: int) -> None:
     plain, calls = feed_all([TEXT[i : i + size] for i in range(0, len(TEXT), size)])
-    assert plain == "Sure.\n done"
+    assert plain == "Sure. done"  # the "\n" between the calls is no text
     assert [c.strip() for c in calls] == [CALL, CALL]
+
+
+@pytest.mark.parametrize("size", [1, 2, len(TEXT)])
+def test_whitespace_after_calls_is_dropped_and_text_keeps_its_own(size: int) -> None:
+    text = f"<tool_call>{CALL}</tool_call>\n\n<tool_call>{CALL}</tool_call> \n"
+    assert feed_all([text[i : i + size] for i in range(0, len(text), size)])[0] == ""
+    text = f"<tool_call>{CALL}</tool_call>\n \nDone."
+    assert feed_all([text[i : i + size] for i in range(0, len(text), size)])[0] == "\n \nDone."
 
 
 def test_text_that_only_looks_like_a_marker_is_text() -> None:
