@@ -22,10 +22,11 @@ from cluster.speculative.drafts import Drafts
 from cluster.speculative.rewind import RowOrder, ordered_rows, rewind_rows, rewindable
 
 # Positions one checking forward reads at most, over the whole batch: alone a sequence checks up
-# to 8 drafted tokens, in a batch of 8 up to 3 each. Past that, a wider forward costs more than
-# the tokens it gains (measured on this 2-core CPU: a mixed batch of 8 drafting up to 8 each ran
-# at 0.84x of plain decoding; a Mac's memory-bound forward affords more; this keeps 8 safe).
-CHECK_POSITIONS = 32
+# to 8 drafted tokens, 4 sequences up to 3 each, 8 up to 1. Every row pays for the longest draft,
+# and a wide forward of many rows is compute-bound on a CPU: 8 clients of the real model on 2
+# cores ran at 1.26x/1.52x of plain decoding with this bound, 1.03x/1.11x with 32 and 0.83x/1.01x
+# with 72 (README, Benchmarks). A Mac's memory-bound forward affords more; this is the safe side.
+CHECK_POSITIONS = 16
 
 
 class DraftingBatch(GenerationBatch):
