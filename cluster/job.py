@@ -25,6 +25,8 @@ class RankJob:
     model: str  # local directory or Hugging Face repo id
     # pipeline: layers per rank in mlx-lm's order (rank 0 holds the LAST layers); None = even
     layer_split: tuple[int, ...] | None = None
+    # tensor: this rank's heads and widths (topology/planning/tensor_shares.py); None = equal
+    tensor_share: dict[str, Any] | None = None
     prompt: str = ""
     max_tokens: int = 100
     temp: float = 0.0

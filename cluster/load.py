@@ -31,7 +31,12 @@ from cluster.files.model_files import MissingFiles, ModelFiles, PeerShare
 from cluster.files.peer_fetch import FetchReport
 from cluster.job import RankJob
 from cluster.pipeline_stage import PipelineStage, check_generic, layer_range
+from cluster.tensor_shards import shard_model
 from topology.errors import InputError
+from topology.model.spec import spec_from_config
+from topology.planning.tensor_costs import grid_for, tensor_layout, widths_for
+from topology.planning.tensor_shares import HeadGrid, RankShare
+from topology.planning.types import DEFAULT_CONTEXT
 from topology.untrusted import load_json, show
 
 Progress = Callable[[int, int, int], None]  # (layers loaded, layers total, files)
@@ -51,7 +56,8 @@ class Shard:
 def check_shapes(
     config: dict[str, Any], strategy: str, size: int, split: Sequence[int] | None
 ) -> None:
-    """Refuse, before loading, a sharding that mlx-lm would get wrong or fail on late."""
+    """Refuse, before loading, a pipeline split that mlx-lm would get wrong or fail on late
+    (a tensor share is checked when it is laid out: `tensor_share`)."""
     if size == 1:
         return
     layers = int(config["num_hidden_layers"])
@@ -68,35 +74,22 @@ def check_shapes(
         return
     if strategy != "tensor":
         raise InputError(f"unknown strategy {strategy!r}: use tensor or pipeline")
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-    hint = "use a rank count that divides it, or --strategy pipeline"
-    if heads % size:
+
+
+def tensor_share(
+    config: dict[str, Any], rank: int, size: int, given: dict[str, Any] | None
+) -> tuple[RankShare, HeadGrid]:
+    """This rank's share: the plan's, checked against the model, or equal shares."""
+    spec = spec_from_config(config)
+    grid = grid_for(spec, DEFAULT_CONTEXT)
+    if given is not None:
+        return RankShare.from_json(given, grid, widths_for(spec)), grid
+    lay = tensor_layout(spec, [1.0] * size, DEFAULT_CONTEXT)
+    if isinstance(lay, str):
         raise InputError(
-            f"tensor parallel over {size} ranks: {heads} attention heads do not split; {hint}"
+            f"tensor parallel over {size} ranks needs {lay}: use fewer ranks or --strategy pipeline"
         )
-    if kv_heads % size:
-        raise InputError(
-            f"tensor parallel over {size} ranks: {kv_heads} KV heads do not split; {hint}"
-        )
-    widths = {"intermediate size": config.get("intermediate_size")}
-    widths["MoE intermediate size"] = config.get("moe_intermediate_size")
-    for name, width in widths.items():
-        if width and int(width) % size:
-            raise InputError(
-                f"tensor parallel over {size} ranks: {name} {width} does not split; {hint}"
-            )
-    quant = config.get("quantization") or {}
-    group = quant.get("group_size") if isinstance(quant, dict) else None
-    if group:
-        # Row-sharded layers (o_proj, down_proj) split their quantized input dimension.
-        for name, width in {"attention output": heads * head_dim, **widths}.items():
-            if width and (int(width) // size) % int(group):
-                raise InputError(
-                    f"tensor parallel over {size} ranks: the {name} slice ({int(width) // size}) "
-                    f"is not a multiple of the quantization group size {group}; {hint}"
-                )
+    return lay.shares[rank], grid
 
 
 def local_files(
@@ -153,12 +146,13 @@ def load_shard(
     strategy: str,
     group: Any,
     split: Sequence[int] | None = None,
+    share: dict[str, Any] | None = None,
     progress: Progress | None = None,
     download_progress: DownloadProgress | None = None,
-    share: PeerShare | None = None,
+    peers: PeerShare | None = None,
     hub: bool = True,
 ) -> Shard:
-    source = ModelFiles(model, share, hub, download_progress)
+    source = ModelFiles(model, peers, hub, download_progress)
     view = Path(tempfile.mkdtemp(prefix=f"mlx-cluster-load{rank}-"))
     try:
         _link(view, source.metadata())
@@ -171,10 +165,12 @@ def load_shard(
             raise InputError(f"{model}: {e} (by the installed mlx-lm)") from None
         num_layers = int(arch["num_hidden_layers"])
         pipeline = size > 1 and strategy == "pipeline"
-        if size > 1 and strategy == "tensor" and not hasattr(model_class, "shard"):
+        tensor = size > 1 and strategy == "tensor"
+        if tensor and not hasattr(model_class, "shard"):
             raise InputError(
                 f"mlx-lm has no tensor parallel for {config['model_type']}: use --strategy pipeline"
             )
+        own = tensor_share(arch, rank, size, share) if tensor else None
         local = layer_range(num_layers, rank, size, split) if pipeline else range(num_layers)
         files = local_files(view, local if pipeline else None, source.weight_names())
         if not files:
@@ -189,7 +185,7 @@ def load_shard(
         _link(view, {name: source.where[name] for name in files})
         net, config = load_model(view, lazy=True, strict=not pipeline)
         tokenizer = load_tokenizer(view, eos_token_ids=config.get("eos_token_id"))
-        net = _shard(net, group, strategy if size > 1 else "none", split)
+        net = _shard(net, group, strategy if size > 1 else "none", split, own)
         _materialise(net, local, len(files), progress)
     finally:
         shutil.rmtree(view, ignore_errors=True)
@@ -198,14 +194,15 @@ def load_shard(
 
 def shard_for_job(job: RankJob, group: Any, emit: Callable[..., None]) -> Shard:
     """The job's shard, loading progress and file transfers reported through `emit`."""
-    share = PeerShare.from_job(job.share) if job.share is not None else None
+    peers = PeerShare.from_job(job.share) if job.share is not None else None
     return load_shard(
         job.model, job.rank, job.world_size, job.strategy, group, split=job.layer_split,
+        share=job.tensor_share,
         progress=lambda done, total, files: emit(
             "loading", layers_done=done, layers_total=total, files=files
         ),
         download_progress=lambda step: emit("progress", stage="download", **step.fields()),
-        share=share,
+        peers=peers,
         hub=job.hub,
     )  # fmt: skip
 
@@ -227,9 +224,15 @@ def _architecture(config: dict[str, Any], path: Path) -> dict[str, Any]:
     return arch
 
 
-def _shard(net: nn.Module, group: Any, strategy: str, split: Sequence[int] | None) -> nn.Module:
-    if strategy == "tensor":
-        net.shard(group)
+def _shard(
+    net: nn.Module,
+    group: Any,
+    strategy: str,
+    split: Sequence[int] | None,
+    share: tuple[RankShare, HeadGrid] | None,
+) -> nn.Module:
+    if strategy == "tensor" and share is not None:
+        shard_model(net, group, *share)
     elif strategy == "pipeline" and hasattr(net.model, "pipeline"):
         net.model.pipeline(group, split=None if split is None else list(split))
     elif strategy == "pipeline":

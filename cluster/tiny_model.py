@@ -1,5 +1,9 @@
 """A tiny random-weight model that mlx-lm loads like a real checkpoint, built offline.
 
+Dense families (llama, qwen2, qwen3) and mixture-of-experts ones (qwen3_moe, deepseek_v3 with
+MLA attention, glm4_moe, gpt_oss), each with config.json keyed as the family's Hugging Face
+checkpoints are and the parameter names mlx-lm's model class has (its sanitize() keeps them).
+
 Weights are split one file per layer (plus one for embeddings/norm/head) with a
 model.safetensors.index.json, so pipeline ranks can be shown to read only their layers'
 files. The tokenizer is a small byte-level BPE trained on a built-in text with the
@@ -16,7 +20,7 @@ import json
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -26,8 +30,58 @@ from mlx.utils import tree_flatten, tree_unflatten
 from cluster.model_folder import save_weights_by_layer, write_folder
 from topology.errors import InputError
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+DENSE_FAMILIES = ("llama", "qwen2", "qwen3")
+MOE_FAMILIES = ("qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss")
+FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+}
+_ROUTED = ("deepseek_v3", "glm4_moe")
+# The options only some families read, and those families: given to another one, an option is
+# refused rather than silently ignored.
+APPLIES: dict[str, tuple[str, ...]] = {
+    "intermediate": tuple(f for f in FAMILIES if f != "gpt_oss"),  # gpt-oss has experts only
+    "head_dim": tuple(f for f in FAMILIES if f not in ("qwen2", "deepseek_v3")),
+    "experts": MOE_FAMILIES,
+    "experts_per_token": MOE_FAMILIES,
+    "moe_intermediate": MOE_FAMILIES,
+    "shared_experts": _ROUTED,
+    "dense_layers": ("qwen3_moe", *_ROUTED),
+    "sparse_step": ("qwen3_moe",),
+    "expert_groups": _ROUTED,
+    "groups_per_token": _ROUTED,
+    "q_lora_rank": ("deepseek_v3",),
+    "kv_lora_rank": ("deepseek_v3",),
+    "qk_rope_dim": ("deepseek_v3",),
+    "qk_nope_dim": ("deepseek_v3",),
+    "v_head_dim": ("deepseek_v3",),
+    "rotary_fraction": ("glm4_moe",),
+    "qk_norm": ("glm4_moe",),
+    "sliding_window": ("gpt_oss",),
+}
+POSITIVE_OPTIONS = (
+    "intermediate", "head_dim", "experts", "experts_per_token", "moe_intermediate", "sparse_step",
+    "shared_experts", "expert_groups", "groups_per_token", "kv_lora_rank", "qk_rope_dim",
+    "qk_nope_dim", "v_head_dim", "sliding_window",
+)  # fmt: skip
+DEEPSEEK_MAX_LAYERS = 61  # its sanitize() drops "model.layers.61*", DeepSeek-V3's MTP layer
+ROUTER_GROUP = 64  # qwen3_moe's and gpt_oss's quant_predicate: routers at 8 bits, groups of 64
+CONTEXT = 4096  # max_position_embeddings, as the tokenizer's model_max_length
+# Scaled-down YaRN as DeepSeek-V3 and gpt-oss ship it (factor 40 / 32 over 4096 there)
+YARN = {
+    "factor": 4.0,
+    "original_max_position_embeddings": CONTEXT // 4,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+}
 QUANT_BITS = (2, 3, 4, 6, 8)
+T = TypeVar("T")
 MARKER = "mlx-cluster-tiny-model.json"  # this directory is ours to overwrite
 MAX_PARAMETERS = 1 << 31  # 8 GiB of float32: beyond that the model is not tiny (and RAM runs out)
 EOS, PAD, TURN = "<|im_end|>", "<|endoftext|>", "<|im_start|>"
@@ -72,57 +126,264 @@ The quick brown fox jumps over the lazy dog while the cat sleeps near the warm w
 
 
 @dataclass(frozen=True)
+class Shape:
+    """Every size of the model with the family's defaults filled in (TinySpec.shape())."""
+
+    head_dim: int
+    intermediate: int  # the dense MLP's width
+    experts: int
+    experts_per_token: int
+    moe_intermediate: int  # one expert's width
+    shared_experts: int
+    dense_layers: int  # the first layers with a dense MLP instead of experts
+    sparse_step: int
+    expert_groups: int
+    groups_per_token: int
+    q_lora_rank: int  # 0: queries without the low-rank projection
+    kv_lora_rank: int
+    qk_rope_dim: int
+    qk_nope_dim: int
+    v_head_dim: int
+    rotary_fraction: float
+    qk_norm: bool
+    sliding_window: int
+
+
+@dataclass(frozen=True)
 class TinySpec:
+    """What to build; None is the family's default (see shape()). The options after `seed`
+    apply to some families only, and check() refuses them for the others."""
+
     family: str = "llama"
     layers: int = 4
     hidden: int = 64
     heads: int = 4
-    kv_heads: int = 2
-    intermediate: int = 128
+    kv_heads: int = 2  # deepseek_v3's attention (MLA) has none: it writes kv heads = heads
+    intermediate: int | None = None
     vocab: int = 384
     quantize_bits: int | None = None
     group_size: int = 32
     seed: int = 0
+    head_dim: int | None = None
+    experts: int | None = None
+    experts_per_token: int | None = None
+    moe_intermediate: int | None = None
+    shared_experts: int | None = None
+    dense_layers: int | None = None
+    sparse_step: int | None = None
+    expert_groups: int | None = None
+    groups_per_token: int | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_dim: int | None = None
+    qk_nope_dim: int | None = None
+    v_head_dim: int | None = None
+    rotary_fraction: float | None = None
+    qk_norm: bool | None = None
+    sliding_window: int | None = None
+
+    def shape(self) -> Shape:
+        """The sizes to build, defaults filled in: small, and every feature of the family on."""
+        head = self.hidden // self.heads
+        mla = max(2, head // 2 * 2)  # DeepSeek's latent sizes scale with the head size
+        deepseek = self.family == "deepseek_v3"
+        return Shape(
+            head_dim=_given(self.head_dim, head),
+            intermediate=_given(self.intermediate, 2 * self.hidden),
+            experts=_given(self.experts, 8),
+            experts_per_token=_given(self.experts_per_token, 2),
+            moe_intermediate=_given(self.moe_intermediate, 64),
+            shared_experts=_given(self.shared_experts, 1),
+            dense_layers=_given(self.dense_layers, 0 if self.family == "qwen3_moe" else 1),
+            sparse_step=_given(self.sparse_step, 1),
+            expert_groups=_given(self.expert_groups, 2 if deepseek else 1),
+            groups_per_token=_given(self.groups_per_token, 1),
+            q_lora_rank=_given(self.q_lora_rank, 3 * mla),
+            kv_lora_rank=_given(self.kv_lora_rank, 2 * mla),
+            qk_rope_dim=_given(self.qk_rope_dim, max(2, mla // 4 * 2)),
+            qk_nope_dim=_given(self.qk_nope_dim, mla),
+            v_head_dim=_given(self.v_head_dim, mla),
+            rotary_fraction=_given(self.rotary_fraction, 0.5),
+            qk_norm=_given(self.qk_norm, True),
+            sliding_window=_given(self.sliding_window, 32),
+        )
 
     def check(self) -> None:
         """Raise InputError naming the first bad value and what would work."""
-        positive = {"layers": self.layers, "hidden": self.hidden, "heads": self.heads}
-        positive |= {"kv-heads": self.kv_heads, "intermediate": self.intermediate}
-        for name, value in positive.items():
-            if value < 1:
-                raise InputError(f"--{name} must be at least 1 (got {value})")
+        self._check_ranges()
         if self.family not in FAMILIES:
             raise InputError(f"unknown family {self.family!r}: use one of {', '.join(FAMILIES)}")
-        if self.hidden % self.heads:
-            raise InputError(f"--heads {self.heads} must divide --hidden {self.hidden}")
-        if (self.hidden // self.heads) % 2:
-            raise InputError("hidden/heads (the head size) must be even for rotary embeddings")
-        if self.heads % self.kv_heads:
-            raise InputError(f"--kv-heads {self.kv_heads} must divide --heads {self.heads}")
+        for name, families in APPLIES.items():
+            if getattr(self, name) is not None and self.family not in families:
+                raise InputError(
+                    f"--{_flag(name)} does not apply to {self.family} "
+                    f"(only to {', '.join(families)})"
+                )
+        s = self.shape()
+        self._check_heads(s)
+        if self.family in MOE_FAMILIES:
+            self._check_experts(s)
+        if self.family == "deepseek_v3" and self.layers > DEEPSEEK_MAX_LAYERS:
+            raise InputError(
+                f"--layers must be at most {DEEPSEEK_MAX_LAYERS} for deepseek_v3 (got "
+                f"{self.layers}): mlx-lm drops layer {DEEPSEEK_MAX_LAYERS} as DeepSeek-V3's "
+                "multi-token-prediction layer"
+            )
+        if self.family == "gpt_oss" and self.layers < 2:
+            raise InputError("--layers must be at least 2 for gpt_oss (a sliding and a full one)")
         if not 300 <= self.vocab <= 4096:
             raise InputError(f"--vocab must be between 300 and 4096 (got {self.vocab})")
         if (n := self.parameters()) > MAX_PARAMETERS:
+            experts = ", --experts" if self.family in MOE_FAMILIES else ""
             raise InputError(
-                f"--layers/--hidden/--intermediate give {n:,} parameters; a tiny model has at "
-                f"most {MAX_PARAMETERS:,}: make them smaller"
+                f"these sizes give {n:,} parameters; a tiny model has at most "
+                f"{MAX_PARAMETERS:,}: make --layers, --hidden{experts} or a width smaller"
             )
         if self.quantize_bits is not None:
-            if self.quantize_bits not in QUANT_BITS:
-                bits = ", ".join(map(str, QUANT_BITS))
+            self._check_quantization()
+
+    def _check_ranges(self) -> None:
+        positive = {"layers": self.layers, "hidden": self.hidden, "heads": self.heads}
+        positive |= {"kv_heads": self.kv_heads}
+        for name in POSITIVE_OPTIONS:
+            if (value := getattr(self, name)) is not None:
+                positive[name] = value
+        for name, value in positive.items():
+            if value < 1:
+                raise InputError(f"--{_flag(name)} must be at least 1 (got {value})")
+        for name in ("dense_layers", "q_lora_rank"):
+            if (value := getattr(self, name)) is not None and value < 0:
+                raise InputError(f"--{_flag(name)} must be at least 0 (got {value})")
+        if self.rotary_fraction is not None and not 0 < self.rotary_fraction <= 1:
+            raise InputError(f"--rotary-fraction must be in (0, 1] (got {self.rotary_fraction})")
+
+    def _check_heads(self, s: Shape) -> None:
+        if self.family == "deepseek_v3":  # MLA: its head sizes are its own options
+            if s.qk_rope_dim % 2:
                 raise InputError(
-                    f"--quantize-bits must be one of {bits} (got {self.quantize_bits})"
+                    f"--qk-rope-dim {s.qk_rope_dim} must be even for rotary embeddings"
                 )
-            if self.group_size not in (32, 64, 128) or self.hidden % self.group_size:
-                raise InputError(
-                    f"--group-size {self.group_size} must be 32, 64 or 128 and divide --hidden"
-                )
+            return
+        if self.head_dim is None and self.hidden % self.heads:
+            raise InputError(f"--heads {self.heads} must divide --hidden {self.hidden}")
+        if s.head_dim % 2:
+            what = "--head-dim" if self.head_dim else "hidden/heads (the head size)"
+            raise InputError(f"{what} must be even for rotary embeddings")
+        if self.heads % self.kv_heads:
+            raise InputError(f"--kv-heads {self.kv_heads} must divide --heads {self.heads}")
+        rotary = int(s.head_dim * s.rotary_fraction)
+        if self.family == "glm4_moe" and (rotary < 2 or rotary % 2):
+            raise InputError(
+                f"--rotary-fraction {s.rotary_fraction} of head size {s.head_dim} gives "
+                f"{rotary} rotary dimensions: it must give an even number, at least 2"
+            )
+
+    def _check_experts(self, s: Shape) -> None:
+        if s.experts_per_token > s.experts:
+            raise InputError(
+                f"--experts-per-token {s.experts_per_token} must be at most --experts {s.experts}"
+            )
+        if self.family == "qwen3_moe" and not self.moe_layers():
+            raise InputError(
+                f"--dense-layers {s.dense_layers} and --sparse-step {s.sparse_step} leave no "
+                f"mixture-of-experts layer among {self.layers}: make them smaller"
+            )
+        if self.family in _ROUTED and s.dense_layers >= self.layers:
+            raise InputError(
+                f"--dense-layers {s.dense_layers} must be less than --layers {self.layers} "
+                "(one mixture-of-experts layer at least)"
+            )
+        if self.family not in _ROUTED:
+            return
+        groups = s.expert_groups
+        if s.experts % groups:
+            raise InputError(f"--expert-groups {groups} must divide --experts {s.experts}")
+        if groups > 1 and s.experts // groups < 2:
+            raise InputError(  # a group is scored by its two best experts
+                f"--expert-groups {groups} leaves fewer than 2 of --experts {s.experts} per group"
+            )
+        if s.groups_per_token > groups:
+            raise InputError(
+                f"--groups-per-token {s.groups_per_token} must be at most --expert-groups {groups}"
+            )
+        if s.groups_per_token * (s.experts // groups) < s.experts_per_token:
+            raise InputError(
+                f"--groups-per-token {s.groups_per_token} of --expert-groups {groups} hold fewer "
+                f"than --experts-per-token {s.experts_per_token} experts"
+            )
+
+    def _check_quantization(self) -> None:
+        if self.quantize_bits not in QUANT_BITS:
+            bits = ", ".join(map(str, QUANT_BITS))
+            raise InputError(f"--quantize-bits must be one of {bits} (got {self.quantize_bits})")
+        if self.group_size not in (32, 64, 128) or self.hidden % self.group_size:
+            raise InputError(
+                f"--group-size {self.group_size} must be 32, 64 or 128 and divide --hidden"
+            )
+        # mlx-lm's quant_predicate for these packs the router to 8 bits in groups of 64
+        if self.family in ("qwen3_moe", "gpt_oss") and self.hidden % ROUTER_GROUP:
+            raise InputError(
+                f"--hidden {self.hidden} must be a multiple of {ROUTER_GROUP} to quantize "
+                f"{self.family}: mlx-lm quantizes its router in groups of {ROUTER_GROUP}"
+            )
+
+    def moe_layers(self) -> tuple[int, ...]:
+        """The layers with experts (none for a dense family), as mlx-lm's model builds them."""
+        s = self.shape()
+        if self.family not in MOE_FAMILIES:
+            return ()
+        if self.family == "qwen3_moe":
+            steps = range(s.sparse_step - 1, self.layers, s.sparse_step)
+            return tuple(i for i in steps if i >= s.dense_layers)
+        start = 0 if self.family == "gpt_oss" else s.dense_layers
+        return tuple(range(start, self.layers))
 
     def parameters(self) -> int:
-        """About how many weights the model has (embeddings twice when untied)."""
-        head = self.hidden // self.heads
-        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * head
-        per_layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
-        return self.layers * per_layer + 2 * self.vocab * self.hidden + self.hidden
+        """How many weights the unquantized model has, the same count as mlx-lm's model."""
+        s, h = self.shape(), self.hidden
+        moe = len(self.moe_layers())
+        tied = self.family in ("qwen2", "qwen3")
+        per_layer = self._attention_parameters(s) + 2 * h  # + the two RMSNorms
+        dense = 3 * h * s.intermediate
+        total = self.layers * per_layer + moe * self._moe_parameters(s)
+        total += (self.layers - moe) * dense
+        return total + (1 if tied else 2) * self.vocab * h + h  # + the final norm
+
+    def _attention_parameters(self, s: Shape) -> int:
+        h, heads = self.hidden, self.heads
+        if self.family == "deepseek_v3":
+            q_head = s.qk_nope_dim + s.qk_rope_dim
+            if s.q_lora_rank:
+                q = h * s.q_lora_rank + s.q_lora_rank + s.q_lora_rank * heads * q_head
+            else:
+                q = h * heads * q_head
+            kv = h * (s.kv_lora_rank + s.qk_rope_dim) + s.kv_lora_rank
+            latent = heads * s.kv_lora_rank * (s.qk_nope_dim + s.v_head_dim)
+            return q + kv + latent + heads * s.v_head_dim * h
+        q, kv = heads * s.head_dim, self.kv_heads * s.head_dim
+        weights = 2 * h * q + 2 * h * kv
+        biases = {"qwen2": q + 2 * kv, "glm4_moe": q + 2 * kv, "gpt_oss": q + 2 * kv + h}
+        qk_norm = self.family in ("qwen3", "qwen3_moe") or (self.family == "glm4_moe" and s.qk_norm)
+        sinks = heads if self.family == "gpt_oss" else 0
+        return weights + biases.get(self.family, 0) + 2 * s.head_dim * qk_norm + sinks
+
+    def _moe_parameters(self, s: Shape) -> int:
+        h, e, w = self.hidden, s.experts, s.moe_intermediate
+        experts = 3 * e * h * w
+        if self.family == "qwen3_moe":
+            return h * e + experts
+        if self.family == "gpt_oss":  # router and every expert projection have biases
+            return h * e + e + experts + 2 * e * w + e * h
+        shared = 3 * h * w * s.shared_experts
+        return e * h + e + experts + shared  # gate weight, its score correction bias
+
+
+def _given(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def write_tiny_model(
@@ -137,19 +398,56 @@ def write_tiny_model(
     quantize_bits: int | None = None,
     group_size: int = 32,
     seed: int = 0,
+    *,
+    head_dim: int | None = None,
+    experts: int | None = None,
+    experts_per_token: int | None = None,
+    moe_intermediate: int | None = None,
+    shared_experts: int | None = None,
+    dense_layers: int | None = None,
+    sparse_step: int | None = None,
+    expert_groups: int | None = None,
+    groups_per_token: int | None = None,
+    q_lora_rank: int | None = None,
+    kv_lora_rank: int | None = None,
+    qk_rope_dim: int | None = None,
+    qk_nope_dim: int | None = None,
+    v_head_dim: int | None = None,
+    rotary_fraction: float | None = None,
+    qk_norm: bool | None = None,
+    sliding_window: int | None = None,
 ) -> Path:
-    """Write config, per-layer safetensors + index and tokenizer files into `directory`."""
+    """Write config, per-layer safetensors + index and tokenizer files into `directory`.
+
+    The options after `seed` apply to some families only (TinySpec); None: the default."""
     spec = TinySpec(
         family,
         layers,
         hidden,
         heads,
         kv_heads,
-        intermediate or 2 * hidden,
+        intermediate,
         vocab,
         quantize_bits,
         group_size,
         seed,
+        head_dim=head_dim,
+        experts=experts,
+        experts_per_token=experts_per_token,
+        moe_intermediate=moe_intermediate,
+        shared_experts=shared_experts,
+        dense_layers=dense_layers,
+        sparse_step=sparse_step,
+        expert_groups=expert_groups,
+        groups_per_token=groups_per_token,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_dim=qk_rope_dim,
+        qk_nope_dim=qk_nope_dim,
+        v_head_dim=v_head_dim,
+        rotary_fraction=rotary_fraction,
+        qk_norm=qk_norm,
+        sliding_window=sliding_window,
     )
     spec.check()
     out = Path(directory)
@@ -212,29 +510,118 @@ def _tokenizer_config() -> dict[str, object]:
         "pad_token": PAD,
         "chat_template": CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
-        "model_max_length": 4096,
+        "model_max_length": CONTEXT,
     }
 
 
 def _model_config(spec: TinySpec, vocab_size: int, eos: int) -> dict[str, object]:
-    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-    return {
+    """config.json as the family's Hugging Face checkpoints write it (the keys mlx-lm reads,
+    and a few it does not that tell the family apart), at the spec's sizes."""
+    s = spec.shape()
+    config: dict[str, object] = {
         "model_type": spec.family,
-        "architectures": [arch[spec.family]],
+        "architectures": [ARCHITECTURES[spec.family]],
         "hidden_size": spec.hidden,
         "num_hidden_layers": spec.layers,
-        "intermediate_size": spec.intermediate,
+        "intermediate_size": s.intermediate,
         "num_attention_heads": spec.heads,
         "num_key_value_heads": spec.kv_heads,
-        "head_dim": spec.hidden // spec.heads,
+        "head_dim": s.head_dim,
         "vocab_size": vocab_size,
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": CONTEXT,
         # llama keeps a separate lm_head; qwen ties it to the embeddings: both paths get tested
-        "tie_word_embeddings": spec.family != "llama",
+        "tie_word_embeddings": spec.family in ("qwen2", "qwen3"),
         "eos_token_id": eos,
         "torch_dtype": "float32",
+    }
+    family_keys = {
+        "qwen3_moe": _qwen3_moe,
+        "deepseek_v3": _deepseek_v3,
+        "glm4_moe": _glm4_moe,
+        "gpt_oss": _gpt_oss,
+    }.get(spec.family)
+    if family_keys is not None:  # the dense families' files stay as they were
+        config |= {"hidden_act": "silu"} | family_keys(spec, s)
+    if spec.family == "deepseek_v3":  # MLA's head sizes are its own keys, as in DeepSeek's file
+        del config["head_dim"]
+    return config
+
+
+def _qwen3_moe(spec: TinySpec, s: Shape) -> dict[str, object]:
+    return {
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "num_experts": s.experts,
+        "num_experts_per_tok": s.experts_per_token,
+        "moe_intermediate_size": s.moe_intermediate,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": s.sparse_step,
+        "mlp_only_layers": list(range(s.dense_layers)),
+    }
+
+
+def _routed_experts(s: Shape) -> dict[str, object]:
+    """DeepSeek-style routing, shared by deepseek_v3 and glm4_moe: sigmoid scores, a per-expert
+    correction bias, best groups first, shared experts beside, the first layers dense."""
+    return {
+        "n_routed_experts": s.experts,
+        "n_shared_experts": s.shared_experts,
+        "num_experts_per_tok": s.experts_per_token,
+        "moe_intermediate_size": s.moe_intermediate,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "n_group": s.expert_groups,
+        "topk_group": s.groups_per_token,
+        "first_k_dense_replace": s.dense_layers,
+        "num_nextn_predict_layers": 0,  # no multi-token-prediction layer is written
+    }
+
+
+def _deepseek_v3(spec: TinySpec, s: Shape) -> dict[str, object]:
+    return _routed_experts(s) | {
+        "num_key_value_heads": spec.heads,  # MLA: every head reads the shared latent
+        "q_lora_rank": s.q_lora_rank or None,
+        "kv_lora_rank": s.kv_lora_rank,
+        "qk_rope_head_dim": s.qk_rope_dim,
+        "qk_nope_head_dim": s.qk_nope_dim,
+        "v_head_dim": s.v_head_dim,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "moe_layer_freq": 1,
+        "attention_bias": False,
+        "rms_norm_eps": 1e-6,
+        "rope_scaling": YARN | {"mscale": 1.0, "mscale_all_dim": 1.0, "type": "yarn"},
+    }
+
+
+def _glm4_moe(spec: TinySpec, s: Shape) -> dict[str, object]:
+    return _routed_experts(s) | {
+        "partial_rotary_factor": s.rotary_fraction,
+        "use_qk_norm": s.qk_norm,
+        "attention_bias": True,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+    }
+
+
+def _gpt_oss(spec: TinySpec, s: Shape) -> dict[str, object]:
+    kinds = ("sliding_attention", "full_attention")
+    return {
+        "num_local_experts": s.experts,
+        "num_experts_per_tok": s.experts_per_token,
+        "experts_per_token": s.experts_per_token,
+        "intermediate_size": s.moe_intermediate,  # gpt-oss's is the experts' width
+        "sliding_window": s.sliding_window,
+        "layer_types": [kinds[i % 2] for i in range(spec.layers)],
+        "attention_bias": True,
+        "swiglu_limit": 7.0,
+        "rope_theta": 150000.0,
+        "rope_scaling": YARN | {"rope_type": "yarn", "truncate": False},
+        "initial_context_length": YARN["original_max_position_embeddings"],
     }
 
 
@@ -248,8 +635,10 @@ def _random_model(spec: TinySpec, config: dict[str, object]) -> nn.Module:
         new: np.ndarray
         if name.endswith("norm.weight"):
             new = np.ones(value.shape)
-        elif name.endswith(".bias"):
+        elif name.endswith((".bias", "_bias")):  # _bias: DeepSeek's router score correction
             new = rng.normal(0.0, 0.1, value.shape)
+        elif name.endswith(".sinks"):  # gpt-oss: one attention logit per head, no value
+            new = rng.normal(0.0, 1.0, value.shape)
         elif "embed_tokens" in name:  # small: with tied heads a large one makes each token
             new = rng.normal(0.0, 0.3, value.shape)  # predict itself forever
         elif "lm_head" in name:

@@ -137,6 +137,7 @@ def _jobs(
         model=model,
         generation=Generation(prompt="", seed=seed),
         layer_split=target.plan.layer_split,
+        tensor_shares=[r.tensor_share for r in target.plan.ranks],
         port=target.port,
         deadlines=deadlines,
     )

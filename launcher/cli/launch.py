@@ -208,6 +208,7 @@ def run_launch(
         model=model,
         generation=generation,
         layer_split=target.plan.layer_split,
+        tensor_shares=[r.tensor_share for r in target.plan.ranks],
         port=target.port,
         deadlines=deadlines,
     )

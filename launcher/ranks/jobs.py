@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -152,6 +152,17 @@ def _env_list(items: Sequence[Any], where: str) -> dict[str, str]:
     return env
 
 
+def _share(
+    shares: Sequence[Mapping[str, Any] | None] | None, rank: int, n: int
+) -> dict[str, Any] | None:
+    if not shares or n == 1:
+        return None
+    if len(shares) != n:
+        raise InputError(f"plan: {len(shares)} tensor shares for {n} ranks (re-plan)")
+    share = shares[rank]
+    return dict(share) if share is not None else None
+
+
 def build_rank_jobs(
     hostfile: dict[str, Any],
     *,
@@ -159,6 +170,7 @@ def build_rank_jobs(
     model: str,
     generation: Generation,
     layer_split: Sequence[int] | None = None,
+    tensor_shares: Sequence[Mapping[str, Any] | None] | None = None,
     extra_env: Sequence[str] = (),
     port: int | None = None,
     deadlines: Deadlines | None = None,
@@ -195,6 +207,7 @@ def build_rank_jobs(
             strategy=strategy,
             model=model,
             layer_split=tuple(layer_split) if layer_split is not None else None,
+            tensor_share=_share(tensor_shares, rank, n),
             prompt=generation.prompt,
             max_tokens=generation.max_tokens,
             temp=generation.temp,

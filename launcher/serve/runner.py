@@ -219,6 +219,7 @@ class RankRunner:
             model=self.model,
             generation=Generation(prompt=""),
             layer_split=target.plan.layer_split,
+            tensor_shares=[r.tensor_share for r in target.plan.ranks],
             port=target.port,
             deadlines=self.deadlines,
         )

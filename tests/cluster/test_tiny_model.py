@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rankrun import ROOT
 
-from cluster.tiny_model import write_tiny_model
+from cluster.tiny_model import DENSE_FAMILIES, write_tiny_model
 
 CLI = str(ROOT / ".venv" / "bin" / "mlx-cluster")
 
@@ -21,7 +21,7 @@ def tiny_model_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def greedy(model_dir: Path, prompt: str, max_tokens: int = 30) -> list[int]:
     from mlx_lm import load, stream_generate
 
-    model, tokenizer = load(str(model_dir))
+    model, tokenizer = load(str(model_dir))[:2]
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}], add_generation_prompt=True
     )
@@ -44,7 +44,7 @@ def test_cli_writes_a_model_mlx_lm_loads(tmp_path: Path) -> None:
         assert file == files[0 if layer is None else int(layer) + 1]
     assert index["metadata"]["total_size"] > 0
 
-    model, tokenizer = load(str(out))
+    model, tokenizer = load(str(out))[:2]
     assert len(model.layers) == 3
     text = "Hello world! Ünïcode and 42 numbers\nnew line"
     assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
@@ -53,11 +53,12 @@ def test_cli_writes_a_model_mlx_lm_loads(tmp_path: Path) -> None:
     )
     assert chat == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     config = json.loads((out / "config.json").read_text())
+    assert (config["intermediate_size"], config["head_dim"]) == (128, 16)  # 2 x hidden, 64 / 4
     assert tokenizer.eos_token_ids == {config["eos_token_id"]}
     assert tokenizer.convert_ids_to_tokens(config["eos_token_id"]) == "<|im_end|>"
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", DENSE_FAMILIES)  # the MoE ones: test_tiny_families.py
 def test_greedy_decoding_varies(tmp_path: Path, family: str) -> None:
     tokens = greedy(
         write_tiny_model(tmp_path / family, family=family), "Write a poem about the sea"

@@ -61,7 +61,7 @@ def _attention(spec: ModelShape) -> tuple[float, float]:
     return 2 * q + kv, 0
 
 
-def _router_bits(spec: ModelShape) -> int:
+def router_bits(spec: ModelShape) -> int:
     """mlx-lm keeps DeepSeek's MoEGate in bf16 and quantizes Qwen's router gate to 8 bits."""
     if spec.bits >= 16 or spec.model_type.startswith(("deepseek", "kimi")):
         return 16
@@ -80,7 +80,7 @@ def estimate_layers(spec: ModelShape) -> tuple[LayerCost, ...]:
     expert_width = spec.moe_intermediate or spec.intermediate
     expert_b = 3 * spec.hidden * expert_width * qb  # gate, up, down projections
     shared_b = 3 * spec.hidden * spec.shared_intermediate * qb
-    router_b = spec.experts * spec.hidden * spec.param_bytes(_router_bits(spec))
+    router_b = spec.experts * spec.hidden * spec.param_bytes(router_bits(spec))
     dense_b = 3 * spec.hidden * spec.intermediate * qb
     costs = []
     for i in range(spec.layers):

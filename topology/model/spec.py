@@ -73,6 +73,11 @@ class ModelSpec(ModelShape):
     def _est_head(self) -> float:
         return 0.0 if self.tie_embeddings else self._est_embedding
 
+    @property
+    def scale(self) -> float:
+        """What every estimated byte figure is multiplied by to match the index's total."""
+        return self._scale
+
     def layer_costs(self) -> tuple[LayerCost, ...]:
         """Per-layer bytes (scaled to the index when there is one)."""
         s = self._scale

@@ -14,11 +14,11 @@ from topology.planning.placement import (
     Slot,
     pipeline_loads,
     split_layers,
-    tensor_blockers,
     tensor_loads,
-    tensor_sizes,
 )
 from topology.planning.predict import pipeline_seconds, tensor_seconds, tok_s
+from topology.planning.tensor_costs import RankCost, balanced_layout, phase_seconds, rank_costs
+from topology.planning.tensor_shares import TensorLayout
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,9 @@ class Option:
     roofline_s: float | None
     problems: tuple[Problem, ...]
     blocker: str  # why it is invalid, as one phrase ("" when valid)
+    layout: TensorLayout | None = None  # tensor: every rank's heads and widths
+    # tensor: per phase (attention, MLP, head), each rank's seconds per token at full bandwidth
+    phases: tuple[tuple[float, ...], ...] = ()
 
     @property
     def valid(self) -> bool:
@@ -55,20 +58,13 @@ def _listing(counts: Sequence[int]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def _not_divisible(spec: ModelSpec, n: int, rules: list[str], hosts: tuple[str, ...]) -> Problem:
-    note = ""
-    if any("KV heads" in r for r in rules):
-        note = (
-            " (mlx-lm's shard() does not check KV heads: it loads, then fails at the first token)"
-        )
-    sizes = tensor_sizes(spec, max(8, n))
+def _cannot_split(spec: ModelSpec, n: int, what: str, hosts: tuple[str, ...]) -> Problem:
     fix = "Use `--strategy pipeline`."
-    if sizes:
-        fix = f"Use {_listing(sizes)} hosts for tensor parallel, or `--strategy pipeline`."
+    if spec.heads < n:
+        fix = f"Use at most {spec.heads} hosts for tensor parallel, or `--strategy pipeline`."
     return Problem(
-        "tp_not_divisible", "error", hosts,
-        f"tensor parallel over {n} ranks needs {', '.join(rules)}{note}", fix,
-    )  # fmt: skip
+        "tp_cannot_split", "error", hosts, f"tensor parallel over {n} ranks needs {what}", fix
+    )
 
 
 def _wired_mb(needed: int) -> int:
@@ -139,33 +135,39 @@ def _fit_problems(
     ], f"{strategy} over {n} does not fit ({h} needs {gib(need)}, {gib(usable)} usable)"
 
 
+def _needed(c: RankCost) -> int:
+    return RankLoad((0, 0), int(c.weight_bytes), int(c.kv_cache_bytes)).needed_bytes
+
+
 def tensor_option(
     spec: ModelSpec, slots: Sequence[Slot], cost: BackendCost, context: int
 ) -> Option:
     n, hosts = len(slots), _hosts(slots)
-    problems: list[Problem] = []
-    blocker = ""
     if n > 1 and not spec.tensor_supported:
         blocker = f"mlx-lm has no tensor parallel for model type {spec.model_type}"
-        problems.append(
-            Problem(
-                "tp_unsupported",
-                "error",
-                hosts,
-                f"{blocker} (no shard())",
-                "Use `--strategy pipeline`.",
-            )
+        problem = Problem(
+            "tp_unsupported",
+            "error",
+            hosts,
+            f"{blocker} (no shard())",
+            "Use `--strategy pipeline`.",
         )
-    elif n > 1 and (rules := tensor_blockers(spec, n)):
-        blocker = f"tensor over {n} would need {rules[0]}"
-        problems.append(_not_divisible(spec, n, rules, hosts))
-    loads = tuple(tensor_loads(spec, n, context))
+        return Option("tensor", (), None, None, (problem,), blocker)
+    bandwidths = [s.bandwidth_gbs for s in slots]
+    # --local N: slots of one machine share its memory; shares of it are equal anyway
+    usable = [s.usable_bytes for s in slots]
+    lay = balanced_layout(spec, bandwidths, usable, context, _needed)
+    if isinstance(lay, str):
+        problem = _cannot_split(spec, n, lay, hosts)
+        return Option("tensor", (), None, None, (problem,), f"tensor over {n} would need {lay}")
+    costs = rank_costs(spec, lay, context)
+    loads = tuple(tensor_loads(costs, spec.layers))
     fit, fit_blocker = _fit_problems(spec, slots, loads, "tensor")
-    problems += fit
-    if problems:
-        return Option("tensor", loads, None, None, tuple(problems), blocker or fit_blocker)
-    seconds, roofline = tensor_seconds(spec, [s.bandwidth_gbs for s in slots], cost, context)
-    return Option("tensor", loads, seconds, roofline, (), "")
+    if fit:
+        return Option("tensor", loads, None, None, tuple(fit), fit_blocker, lay)
+    seconds, roofline = tensor_seconds(spec, costs, bandwidths, cost)
+    phases = tuple(tuple(p) for p in phase_seconds(costs, bandwidths))
+    return Option("tensor", loads, seconds, roofline, (), "", lay, phases)
 
 
 def pipeline_option(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from topology.chips import GIB
 from topology.model.spec import ModelSpec
+from topology.planning.tensor_costs import RankCost
 
 # Beyond weights and KV cache: prefill runs in 2048-token steps and the Metal allocator keeps a
 # cache, so leave 1 GiB + 2% of the weights. A margin chosen here, not a measurement.
@@ -37,6 +38,7 @@ class RankLoad:
     layers: tuple[int, int]  # [start, end): the layers this rank runs
     weight_bytes: int
     kv_cache_bytes: int
+    read_bytes: float = 0.0  # tensor: what the rank reads per token
 
     @property
     def needed_bytes(self) -> int:
@@ -45,50 +47,12 @@ class RankLoad:
         )
 
 
-def _expert_width(spec: ModelSpec) -> int:
-    return spec.moe_intermediate or spec.intermediate
-
-
-def tensor_blockers(spec: ModelSpec, n: int) -> list[str]:
-    """Every shape rule tensor parallel over n ranks breaks, as 'what it would need' phrases.
-
-    mlx-lm's shard() splits heads, KV heads (except MLA, whose latent is not split), the MLP
-    width and each expert's width; quantized layers split along their input (o_proj, down_proj)
-    also need width / n to be a multiple of the quantization group size. Hidden size and expert
-    count are not split by mlx-lm, so they set no rule.
-    """
-    if n <= 1:
-        return []
-    heads: list[tuple[int, str]] = [(spec.heads, "attention heads")]
-    if not spec.is_mla:
-        heads.append((spec.kv_heads, "KV heads"))
-    widths: list[tuple[int, str]] = []  # split along the input of a down projection
-    if spec.intermediate and len(spec.sparse_layers) < spec.layers:
-        widths.append((spec.intermediate, "MLP width (intermediate_size)"))
-    if spec.is_moe:
-        widths.append((_expert_width(spec), "expert width (moe_intermediate_size)"))
-        if spec.shared_intermediate:
-            widths.append((spec.shared_intermediate, "shared-expert width"))
-    out = [f"{v} {what} % {n} == 0" for v, what in heads + widths if v % n]
-    if spec.bits < 16 and spec.group_size:
-        gs = spec.group_size
-        o_width = spec.heads * (spec.v_head_dim if spec.is_mla else spec.head_dim)
-        for v, what in [(o_width, "attention output width"), *widths]:
-            if v % n == 0 and (v // n) % gs:
-                out.append(f"{what} {v} / {n} = {v // n} to be a multiple of group size {gs}")
-    return out
-
-
-def tensor_sizes(spec: ModelSpec, up_to: int) -> list[int]:
-    """Rank counts from 2 to up_to that tensor parallel accepts for this model."""
-    return [n for n in range(2, up_to + 1) if not tensor_blockers(spec, n)]
-
-
-def tensor_loads(spec: ModelSpec, n: int, context: int) -> list[RankLoad]:
-    weights = sum(c.per_rank(n) for c in spec.layer_costs()) + spec.outside_layers_bytes
-    kv = spec.kv_bytes_per_token * context
-    kv_rank = kv if spec.is_mla else kv // n
-    return [RankLoad((0, spec.layers), int(weights), int(kv_rank)) for _ in range(n)]
+def tensor_loads(costs: Sequence[RankCost], layers: int) -> list[RankLoad]:
+    """Each tensor rank's load: a share of every layer (its heads and widths)."""
+    return [
+        RankLoad((0, layers), int(c.weight_bytes), int(c.kv_cache_bytes), c.read_bytes)
+        for c in costs
+    ]
 
 
 def pipeline_loads(spec: ModelSpec, split: Sequence[int], context: int) -> list[RankLoad]:

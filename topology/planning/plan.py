@@ -11,7 +11,14 @@ from dataclasses import replace
 from typing import Any
 
 from topology.addresses import rank_addresses
-from topology.chips import BACKENDS, host_bandwidth_gbs, usable_memory_bytes
+from topology.chips import (
+    BACKENDS,
+    DECODE_BANDWIDTH_EFFICIENCY,
+    BackendCost,
+    host_bandwidth_gbs,
+    step_overhead_s,
+    usable_memory_bytes,
+)
 from topology.errors import InputError
 from topology.facts import CheckResult, HostFacts, Problem
 from topology.links import LinkGraph, find_ring
@@ -27,6 +34,7 @@ from topology.planning.memory_input import check_weights_fit, check_wired_limits
 from topology.planning.options import Option, pipeline_option, tensor_option
 from topology.planning.placement import Slot
 from topology.planning.predict import tok_s
+from topology.planning.tensor_costs import share_summary
 from topology.planning.types import DEFAULT_CONTEXT, Plan, RankPlan
 from topology.problems import unknown_hosts
 
@@ -153,6 +161,7 @@ def _plan(
             weight_bytes=load.weight_bytes,
             kv_cache_bytes=load.kv_cache_bytes,
             bandwidth_gbs=round(s.bandwidth_gbs, 1),
+            **_tensor_fields(chosen, r, cost, spec),
         )
         for r, (s, load) in enumerate(zip(slots, chosen.loads, strict=True))
     )
@@ -161,6 +170,22 @@ def _plan(
         context, roofline_decode_tok_s=tok_s(chosen.roofline_s or 0.0),
         model_info=spec.summary(), **extra,
     )  # fmt: skip
+
+
+def _tensor_fields(option: Option, r: int, cost: BackendCost, spec: ModelSpec) -> dict[str, Any]:
+    """A tensor rank's share, what it reads per token and its own predicted step time."""
+    if option.strategy != "tensor" or option.layout is None or len(option.loads) < 2:
+        return {}
+    share = option.layout.shares[r]
+    n = len(option.loads)
+    busy = sum(phase[r] for phase in option.phases) / DECODE_BANDWIDTH_EFFICIENCY
+    comms = 2 * spec.layers * cost.all_reduce_s(n, spec.hidden * 2) + step_overhead_s(n)
+    return {
+        "tensor_share": share.to_json(),
+        "share_summary": share_summary(share, option.layout),
+        "read_bytes_per_token": int(option.loads[r].read_bytes),
+        "predicted_step_s": round(busy + comms, 6),
+    }
 
 
 def _ordered(check: CheckResult, backend: str | None) -> list[HostFacts]:

@@ -1,7 +1,8 @@
 """Decode speed from first principles: bytes each rank reads per token over its bandwidth,
 plus the collectives the strategy needs. Never above the memory-bandwidth roofline.
 
-tensor:   t = max over ranks(bytes read / bandwidth) + 2 all-reduces per layer + step overhead
+tensor:   t = sum over phases(max over ranks(bytes read / bandwidth)) + 2 all-reduces per layer
+          + step overhead (phases: attention, MLP or experts, the LM head)
 pipeline: t = sum over stages(bytes read / bandwidth) + the LM head (every rank computes it)
               + one hand-off per stage boundary + the final all_gather + step overhead
 The share of bandwidth decoding reaches and the step overhead are fitted to published figures
@@ -14,19 +15,12 @@ from collections.abc import Sequence
 
 from topology.chips import DECODE_BANDWIDTH_EFFICIENCY, BackendCost, step_overhead_s
 from topology.model.spec import KV_CACHE_DTYPE_BYTES, ModelSpec
+from topology.planning.tensor_costs import RankCost, phase_seconds
 
 
 def _message_bytes(spec: ModelSpec) -> int:
     """One token's hidden state: what each all-reduce / hand-off carries during decode."""
     return spec.hidden * KV_CACHE_DTYPE_BYTES
-
-
-def tensor_rank_read_bytes(spec: ModelSpec, n: int, context: int) -> float:
-    """Bytes one of n tensor-parallel ranks reads per token (weights + its KV cache share)."""
-    weights = sum(c.active_per_rank(n) for c in spec.layer_costs())
-    kv = spec.kv_bytes_per_token * context
-    kv_share = kv if spec.is_mla else kv / n  # MLA's latent cache is not split by heads
-    return weights + spec.outside_layers_active_bytes + kv_share
 
 
 def stage_read_bytes(spec: ModelSpec, layers: tuple[int, int], context: int) -> float:
@@ -37,12 +31,12 @@ def stage_read_bytes(spec: ModelSpec, layers: tuple[int, int], context: int) -> 
 
 
 def tensor_seconds(
-    spec: ModelSpec, bandwidths_gbs: Sequence[float], cost: BackendCost, context: int
+    spec: ModelSpec, costs: Sequence[RankCost], bandwidths_gbs: Sequence[float], cost: BackendCost
 ) -> tuple[float, float]:
-    """(predicted, roofline) seconds per token for tensor parallel over len(bandwidths) ranks."""
-    n = len(bandwidths_gbs)
-    read = tensor_rank_read_bytes(spec, n, context)
-    roofline = max(read / (bw * 1e9) for bw in bandwidths_gbs)
+    """(predicted, roofline) seconds per token for tensor parallel: each phase (attention, MLP,
+    the head) lasts as long as its slowest rank, then the all-reduces."""
+    n = len(costs)
+    roofline = sum(max(phase) for phase in phase_seconds(costs, bandwidths_gbs))
     comms = 2 * spec.layers * cost.all_reduce_s(n, _message_bytes(spec)) + step_overhead_s(n)
     return roofline / DECODE_BANDWIDTH_EFFICIENCY + comms, roofline
 

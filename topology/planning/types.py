@@ -26,9 +26,22 @@ class RankPlan:
     weight_bytes: int = 0
     kv_cache_bytes: int = 0
     bandwidth_gbs: float = 0.0
+    # tensor: this rank's heads and widths as the rank reads them (tensor_shares.RankShare)
+    tensor_share: Mapping[str, Any] | None = None
+    share_summary: Mapping[str, Any] = field(default_factory=dict)  # heads, KV heads, widths
+    read_bytes_per_token: int = 0
+    predicted_step_s: float = 0.0  # this rank's own time a token, its waits on others excluded
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        tensor = {}
+        if self.tensor_share is not None:
+            tensor = {
+                "tensor_share": dict(self.tensor_share),
+                **self.share_summary,
+                "read_bytes_per_token": self.read_bytes_per_token,
+                "predicted_step_s": self.predicted_step_s,
+            }
+        return tensor | {
             "rank": self.rank,
             "host": self.host,
             "layers": list(self.layers),
@@ -168,4 +181,19 @@ def _rank(i: int, r: Any) -> RankPlan:
         weight_bytes=_int(r.get("weight_bytes", 0), "weight_bytes", 0, _MAX_BYTES),
         kv_cache_bytes=_int(r.get("kv_cache_bytes", 0), "kv_cache_bytes", 0, _MAX_BYTES),
         bandwidth_gbs=float(r.get("bandwidth_gbs", 0.0)),
+        tensor_share=_share(r.get("tensor_share"), f"ranks[{i}].tensor_share"),
     )
+
+
+def _share(value: Any, key: str) -> dict[str, list[int]] | None:
+    """A tensor share's shape (the rank checks its ranges against the model)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) - {"kv", "cols", "mlp", "expert", "shared"}:
+        raise ValueError(f"{key}: must be an object of kv, cols, mlp, expert, shared ranges")
+    out = {}
+    for name, span in value.items():
+        if not isinstance(span, list) or len(span) != 2:
+            raise ValueError(f"{key}.{name}: must be [start, end]")
+        out[name] = [_int(v, f"{key}.{name}", 0, 1 << 24) for v in span]
+    return out

@@ -1,0 +1,153 @@
+"""Cut a loaded mlx-lm model down to this rank's tensor-parallel share, any share, exactly.
+
+mlx-lm's `shard()` splits every width evenly; here each rank keeps the query heads, KV heads and
+columns its `RankShare` names (topology/planning/tensor_shares.py), so any rank count and unequal
+shares work. Layers that produce a slice ("all-to-sharded": q/k/v, gate/up) keep rows; layers
+that consume one ("sharded-to-all": o, down) keep columns and all-sum their partial outputs. A
+bias of a summed layer stays on rank 0 only, so it is added once. Quantized columns are cut in
+whole groups. Weights are still lazy here: each rank reads only its slices when they evaluate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from topology.errors import InputError
+from topology.planning.tensor_shares import HeadGrid, RankShare
+
+Span = tuple[int, int]
+
+
+class SumOut(nn.Module):
+    """A layer fed a slice of its input: every rank's partial output, all-summed."""
+
+    def __init__(self, inner: nn.Module, group: Any) -> None:
+        super().__init__()
+        self.inner = inner
+        self.group = group
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.distributed.all_sum(self.inner(x), group=self.group)
+
+
+def shard_model(net: nn.Module, group: Any, share: RankShare, grid: HeadGrid) -> None:
+    """Replace every layer's attention and MLP weights by this rank's share, in place."""
+    rank = group.rank()
+    for layer in net.model.layers:
+        _attention(layer.self_attn, share, grid, group, rank)
+        _feed_forward(layer.mlp, share, group, rank)
+
+
+def _attention(attn: nn.Module, share: RankShare, grid: HeadGrid, group: Any, rank: int) -> None:
+    heads = share.heads(grid)
+    if hasattr(attn, "embed_q"):  # MLA (DeepSeek V3 / Kimi K2): per-head latent maps
+        index = mx.array(heads)
+        for part in (attn.embed_q, attn.unembed_out):
+            for name in ("weight", "scales", "biases"):
+                if name in part:
+                    part[name] = mx.take(part[name], index, axis=0)
+        q = attn.q_proj if attn.q_lora_rank is None else attn.q_b_proj
+        _rows(q, _blocks(heads, _out_dims(q) // grid.heads))
+        attn.num_heads = len(heads)
+    else:
+        _rows(attn.q_proj, _blocks(heads, _out_dims(attn.q_proj) // grid.heads))
+        kv = list(range(*share.kv))
+        for proj in (attn.k_proj, attn.v_proj):
+            _rows(proj, _blocks(kv, _out_dims(proj) // grid.kv_heads))
+        if hasattr(attn, "sinks"):  # gpt-oss: one learned sink logit per head
+            attn.sinks = mx.take(attn.sinks, mx.array(heads), axis=0)
+            attn.num_attention_heads, attn.num_key_value_heads = len(heads), len(kv)
+            attn.num_key_value_groups = len(heads) // len(kv)
+        else:
+            attn.n_heads, attn.n_kv_heads = len(heads), len(kv)
+    per_head = _in_dims(attn.o_proj) // grid.heads
+    _cols(attn.o_proj, _runs(heads, per_head), rank)
+    attn.o_proj = SumOut(attn.o_proj, group)
+
+
+def _feed_forward(mlp: nn.Module, share: RankShare, group: Any, rank: int) -> None:
+    experts = getattr(mlp, "switch_mlp", None) or getattr(mlp, "experts", None)
+    if experts is None:  # a dense MLP
+        _glu(mlp, share.widths["mlp"], rank)
+        mlp.down_proj = SumOut(mlp.down_proj, group)
+        return
+    # Mixture of experts: mlx-lm's block all-sums routed and shared experts together.
+    _glu(experts, share.widths["expert"], rank)
+    shared = getattr(mlp, "shared_experts", None) or getattr(mlp, "shared_expert", None)
+    if shared is not None:
+        _glu(shared, share.widths["shared"], rank)
+    mlp.sharding_group = group
+
+
+def _glu(block: nn.Module, span: Span, rank: int) -> None:
+    rows = list(range(*span))
+    _rows(block.gate_proj, rows)
+    _rows(block.up_proj, rows)
+    _cols(block.down_proj, [span], rank)
+
+
+def _blocks(indices: Sequence[int], size: int) -> list[int]:
+    """Rows (or columns) of the given heads, `size` each, in order."""
+    return [i * size + j for i in indices for j in range(size)]
+
+
+def _runs(heads: Sequence[int], size: int) -> list[Span]:
+    """The heads' column blocks merged into runs of consecutive columns."""
+    runs: list[Span] = []
+    for h in heads:
+        start, end = h * size, (h + 1) * size
+        if runs and runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], end)
+        else:
+            runs.append((start, end))
+    return runs
+
+
+def _out_dims(layer: nn.Module) -> int:
+    return int(layer.weight.shape[-2])
+
+
+def _in_dims(layer: nn.Module) -> int:
+    if "scales" in layer:
+        return int(layer.scales.shape[-1] * layer.group_size)
+    return int(layer.weight.shape[-1])
+
+
+def _rows(layer: nn.Module, rows: Sequence[int]) -> None:
+    """Keep these output rows (of every expert, for switch layers)."""
+    index = mx.array(list(rows))
+    for name in ("weight", "scales", "biases"):
+        if name in layer:
+            layer[name] = mx.take(layer[name], index, axis=-2)
+    if "bias" in layer:
+        layer["bias"] = mx.take(layer["bias"], index, axis=-1)
+
+
+def _cols(layer: nn.Module, spans: Sequence[Span], rank: int) -> None:
+    """Keep these input columns; quantized layers in whole groups. The bias stays on rank 0."""
+    if "scales" in layer:
+        group, bits = int(layer.group_size), int(layer.bits)
+        if any(a % group or b % group for a, b in spans):
+            raise InputError(
+                f"tensor share cuts a quantization group of {group} columns ({list(spans)}): "
+                "re-plan (the plan was made for another model)"
+            )
+        layer["weight"] = _take(
+            layer["weight"], [(a * bits // 32, b * bits // 32) for a, b in spans]
+        )
+        for name in ("scales", "biases"):
+            if name in layer:
+                layer[name] = _take(layer[name], [(a // group, b // group) for a, b in spans])
+    else:
+        layer["weight"] = _take(layer["weight"], spans)
+    if "bias" in layer and rank != 0:
+        layer["bias"] = mx.zeros_like(layer["bias"])
+
+
+def _take(weight: mx.array, spans: Sequence[Span]) -> mx.array:
+    parts = [weight[..., a:b] for a, b in spans]
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)

@@ -1,0 +1,167 @@
+"""A model laid out for tensor parallel in shares, and what each rank then holds and reads.
+
+Shares follow each rank's memory bandwidth (decoding reads every weight once a token), so every
+all-reduce phase — attention, then the MLP or experts — ends at about the same time on every rank.
+A rank that would not fit its memory gets a smaller share. Byte figures follow
+topology/model/layout.py's estimate, scaled to the safetensors index like the rest of the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from topology.model.layout import router_bits
+from topology.model.spec import KV_CACHE_DTYPE_BYTES, ModelSpec
+from topology.planning.tensor_shares import HeadGrid, RankShare, TensorLayout, layout
+
+MEMORY_ROUNDS = 4  # re-balancing rounds for ranks whose share does not fit their memory
+
+
+def _cache_size(spec: ModelSpec) -> int:
+    return max(KV_CACHE_DTYPE_BYTES, spec.dtype_bytes)
+
+
+def _head_elements(spec: ModelSpec) -> tuple[int, int]:
+    """Weights per query head (its q rows, o columns, MLA's latent maps) and per KV head."""
+    h = spec.hidden
+    if spec.is_mla:
+        q_dim = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        q_in = spec.q_lora_rank or h
+        latent = (spec.kv_lora_rank or 0) * (spec.qk_nope_head_dim + spec.v_head_dim)
+        return q_in * q_dim + latent + spec.v_head_dim * h, 0
+    return 2 * h * spec.head_dim, 2 * h * spec.head_dim
+
+
+def grid_for(spec: ModelSpec, context: int) -> HeadGrid:
+    """The attention grid with the bytes a query head and a KV head read per token."""
+    pb = spec.param_bytes(spec.bits) * spec.scale
+    q, kv = _head_elements(spec)
+    cache = 0 if spec.is_mla else 2 * spec.head_dim * _cache_size(spec) * context
+    return HeadGrid(
+        heads=spec.heads,
+        kv_heads=1 if spec.is_mla else spec.kv_heads,
+        out_dim=spec.v_head_dim if spec.is_mla else spec.head_dim,
+        group_size=spec.group_size if spec.bits < 16 else None,
+        q_cost=q * pb,
+        kv_cost=kv * pb + cache,
+    )
+
+
+def widths_for(spec: ModelSpec) -> dict[str, int]:
+    """The widths tensor parallel splits: dense MLP, each expert, the shared expert(s)."""
+    dense = len(spec.sparse_layers) < spec.layers
+    widths = {"mlp": spec.intermediate if dense or not spec.is_moe else 0}
+    if spec.is_moe:
+        widths["expert"] = spec.moe_intermediate or spec.intermediate
+        widths["shared"] = spec.shared_intermediate
+    return {name: w for name, w in widths.items() if w}
+
+
+def tensor_layout(spec: ModelSpec, weights: Sequence[float], context: int) -> TensorLayout | str:
+    """Every rank's share for these weights, or the phrase saying what cannot be split."""
+    unit = spec.group_size if spec.bits < 16 and spec.group_size else 1
+    widths = widths_for(spec)
+    return layout(grid_for(spec, context), widths, dict.fromkeys(widths, unit), weights)
+
+
+@dataclass(frozen=True)
+class RankCost:
+    """What one rank of a layout holds and reads per token."""
+
+    weight_bytes: float  # held: its share of every layer plus what every rank holds
+    kv_cache_bytes: float  # its KV heads' cache at the context
+    attention_read: float  # bytes read per token in the attention phases (all layers)
+    mlp_read: float  # ... in the MLP / expert phases (all layers)
+    outside_read: float  # embedding row, LM head, final norm
+
+    @property
+    def read_bytes(self) -> float:
+        return self.attention_read + self.mlp_read + self.outside_read
+
+
+def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCost]:
+    pb = spec.param_bytes(spec.bits) * spec.scale
+    q, kv = _head_elements(spec)
+    h, size = spec.hidden, _cache_size(spec)
+    norms = 2 * h * spec.dtype_bytes * spec.scale
+    mla_shared = 0.0
+    if spec.is_mla:  # q_a and kv_a down-projections: whole on every rank
+        rank_dim = spec.kv_lora_rank or 0
+        mla_shared = (h * (spec.q_lora_rank or 0) + h * (rank_dim + spec.qk_rope_head_dim)) * pb
+    sparse = len(spec.sparse_layers)
+    dense = spec.layers - sparse
+    router = spec.experts * h * spec.param_bytes(router_bits(spec)) * spec.scale
+    out = []
+    for share in lay.shares:
+        attn = share.n_heads * q * pb + share.n_kv * kv * pb + mla_shared + norms
+        if spec.is_mla:
+            cache = ((spec.kv_lora_rank or 0) + spec.qk_rope_head_dim) * size
+        else:
+            cache = share.n_kv * 2 * spec.head_dim * size
+        mlp = 3 * h * share.width("mlp") * pb
+        expert = 3 * h * share.width("expert") * pb
+        shared = 3 * h * share.width("shared") * pb
+        held = spec.layers * attn + dense * mlp + sparse * (spec.experts * expert + shared + router)
+        read_mlp = dense * mlp + sparse * (spec.experts_per_token * expert + shared + router)
+        out.append(
+            RankCost(
+                weight_bytes=held + spec.outside_layers_bytes,
+                kv_cache_bytes=cache * spec.layers * context,
+                attention_read=spec.layers * (attn + cache * context),
+                mlp_read=read_mlp,
+                outside_read=spec.outside_layers_active_bytes,
+            )
+        )
+    return out
+
+
+def phase_seconds(costs: Sequence[RankCost], bandwidths_gbs: Sequence[float]) -> list[list[float]]:
+    """Per phase (attention, MLP, outside), each rank's seconds per token at full bandwidth."""
+    phases = (
+        [c.attention_read for c in costs],
+        [c.mlp_read for c in costs],
+        [c.outside_read for c in costs],
+    )
+    return [
+        [b / (bw * 1e9) for b, bw in zip(phase, bandwidths_gbs, strict=True)] for phase in phases
+    ]
+
+
+def balanced_layout(
+    spec: ModelSpec,
+    bandwidths_gbs: Sequence[float],
+    usable_bytes: Sequence[int | None],
+    context: int,
+    needed: Callable[[RankCost], int],
+) -> TensorLayout | str:
+    """Shares in proportion to bandwidth; a rank over its memory gives part of its share to
+    the others (a few rounds), so the plan fits where the total memory allows."""
+    weights = [float(bw) for bw in bandwidths_gbs]
+    lay = tensor_layout(spec, weights, context)
+    for _ in range(MEMORY_ROUNDS):
+        if isinstance(lay, str):
+            return lay
+        costs = rank_costs(spec, lay, context)
+        over = [
+            (i, usable / needed(c))
+            for i, (c, usable) in enumerate(zip(costs, usable_bytes, strict=True))
+            if usable is not None and needed(c) > usable
+        ]
+        if not over or len(over) == len(weights):
+            return lay
+        for i, ratio in over:
+            weights[i] *= max(0.05, ratio * 0.97)
+        lay = tensor_layout(spec, weights, context)
+    return lay
+
+
+def share_summary(share: RankShare, lay: TensorLayout) -> dict[str, object]:
+    """What the plan shows of one rank's share."""
+    replicated = lay.grid.kv_heads > 1 and share.cols != (0, lay.grid.group)
+    return {
+        "heads": share.n_heads,
+        "kv_heads": share.n_kv,
+        "kv_replicated": replicated or lay.grid.kv_heads == 1,
+        **{f"{name}_width": share.width(name) for name in share.widths},
+    }
