@@ -33,7 +33,7 @@ from cluster.job import RankJob
 from cluster.pipeline_stage import PipelineStage, check_generic, layer_range
 from cluster.tensor_shards import shard_model
 from topology.errors import InputError
-from topology.model.spec import spec_from_config
+from topology.model.spec import UNEVEN_FAMILIES, spec_from_config
 from topology.planning.tensor_costs import grid_for, tensor_layout, widths_for
 from topology.planning.tensor_shares import HeadGrid, RankShare
 from topology.planning.types import DEFAULT_CONTEXT
@@ -231,8 +231,10 @@ def _shard(
     split: Sequence[int] | None,
     share: tuple[RankShare, HeadGrid] | None,
 ) -> nn.Module:
-    if strategy == "tensor" and share is not None:
+    if strategy == "tensor" and share is not None and _uneven(net):
         shard_model(net, group, *share)
+    elif strategy == "tensor":  # a family only mlx-lm's even shard() splits (the plan checked)
+        net.shard(group)
     elif strategy == "pipeline" and hasattr(net.model, "pipeline"):
         net.model.pipeline(group, split=None if split is None else list(split))
     elif strategy == "pipeline":
@@ -241,6 +243,11 @@ def _shard(
             raise InputError(f"{reason}: use --strategy tensor")
         return PipelineStage(net, group, split)
     return net
+
+
+def _uneven(net: nn.Module) -> bool:
+    family = type(net).__module__.rsplit(".", 1)[-1]
+    return family in UNEVEN_FAMILIES
 
 
 def _materialise(net: nn.Module, local: range, files: int, progress: Progress | None) -> None:

@@ -3,6 +3,8 @@
     .venv/bin/python scripts/make_example_snapshots.py
 
 - mesh-4x-m3-ultra: 4 Mac Studio M3 Ultra, full mesh, RDMA on, macOS 26.2 (ready for jaccl).
+- mesh-3x-m3-ultra: 3 of them (tensor parallel over a rank count no model's heads divide).
+- mixed-3x: 2 M3 Ultra Mac Studios and an M4 Max Mac Studio in a full mesh (unequal shares).
 - mesh-8x-m3-ultra: 8 M3 Ultra. A full mesh of 8 needs 7 RDMA ports per Mac and an M3 Ultra has
   5 (of its 6 ports, the one next to Ethernet does no RDMA), so each Mac is cabled to 5 of the 7
   others (20 cables; the pairs 3 apart in name order are not): jaccl is impossible (8 pairs
@@ -49,6 +51,23 @@ def mesh_4x() -> synth.Cluster:
     return _with_ssh(synth.mesh(4))
 
 
+def mesh_3x() -> synth.Cluster:
+    return _with_ssh(synth.mesh(3))
+
+
+def mixed_3x() -> synth.Cluster:
+    c = synth.Cluster(
+        [
+            synth.SynthHost("studio-a", "m3-ultra"),
+            synth.SynthHost("studio-b", "m3-ultra"),
+            synth.SynthHost("studio-max", "m4-max"),
+        ]
+    )
+    for a, b in [("studio-a", "studio-b"), ("studio-b", "studio-max"), ("studio-max", "studio-a")]:
+        c.cable(a, b)
+    return _with_ssh(c)
+
+
 def mesh_8x() -> synth.Cluster:
     c = synth.cluster(8)
     names = [h.name for h in c.hosts]
@@ -74,6 +93,8 @@ def needs_fixes() -> synth.Cluster:
 def main() -> None:
     for name, build in [
         ("mesh-4x-m3-ultra", mesh_4x),
+        ("mesh-3x-m3-ultra", mesh_3x),
+        ("mixed-3x", mixed_3x),
         ("mesh-8x-m3-ultra", mesh_8x),
         ("mesh-4x-needs-fixes", needs_fixes),
     ]:

@@ -34,6 +34,28 @@ TENSOR_FAMILIES = frozenset(
         "gpt_oss", "minimax", "minimax_m2", "ministral3", "exaone_moe", "step3p5",
     }
 )  # fmt: skip
+# Families whose layers cluster/tensor_shards.py cuts in any share; the rest of TENSOR_FAMILIES
+# use mlx-lm's own shard(), which splits evenly (so the rank count must divide every width).
+UNEVEN_FAMILIES = frozenset(
+    {
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "deepseek_v3",
+        "kimi_k2",
+        "glm4_moe",
+        "gpt_oss",
+    }
+)
+# Families mlx-lm 0.32 pipelines (PipelineMixin) or cluster/pipeline_stage.py runs as stages.
+PIPELINE_FAMILIES = frozenset(
+    {
+        "llama", "mistral", "qwen3", "qwen2", "qwen3_5", "qwen3_moe", "qwen3_next", "deepseek_v2",
+        "deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm4_moe_lite", "ministral3",
+    }
+)  # fmt: skip
 KV_CACHE_DTYPE_BYTES = 2  # mlx-lm caches keys/values in the activation dtype (bf16/fp16)
 
 
@@ -44,6 +66,15 @@ class ModelSpec(ModelShape):
     @property
     def tensor_supported(self) -> bool:
         return self.model_type in TENSOR_FAMILIES
+
+    @property
+    def uneven_supported(self) -> bool:
+        return self.model_type in UNEVEN_FAMILIES
+
+    @property
+    def pipeline_refused(self) -> bool:
+        """A family mlx-lm knows but neither it nor mlx-cluster can run as pipeline stages."""
+        return self.model_type in TENSOR_FAMILIES and self.model_type not in PIPELINE_FAMILIES
 
     @property
     def quant_label(self) -> str:

@@ -174,6 +174,12 @@ def pipeline_option(
     spec: ModelSpec, slots: Sequence[Slot], cost: BackendCost, context: int
 ) -> Option:
     n = len(slots)
+    if n > 1 and spec.pipeline_refused:
+        blocker = f"neither mlx-lm nor mlx-cluster runs {spec.model_type} as pipeline stages"
+        problem = Problem(
+            "pipeline_unsupported", "error", _hosts(slots), blocker, "Use `--strategy tensor`."
+        )
+        return Option("pipeline", (), None, None, (problem,), blocker)
     if spec.layers < n:
         blocker = f"pipeline over {n} needs at least {n} layers, the model has {spec.layers}"
         problem = Problem(

@@ -11,8 +11,18 @@ from topology.planning.plan import Plan, RankPlan
 def _layers(plan: Plan, r: RankPlan) -> str:
     start, end = r.layers
     if plan.strategy == "tensor" and plan.world_size > 1:
-        return f"all {end - start} (1/{plan.world_size} of each)"
+        return f"all {end - start}"
     return f"{start}-{end - 1} ({end - start})"
+
+
+def _share(r: RankPlan) -> str:
+    """A tensor rank's slice of each layer: heads, KV heads (replicated or not), widths."""
+    s = r.share_summary
+    if not s:
+        return "-"
+    kv = f"{s['kv_heads']} KV" + (" (replicated)" if s.get("kv_replicated") else "")
+    widths = [f"{name.removesuffix('_width')} {s[name]}" for name in s if name.endswith("_width")]
+    return ", ".join([f"{s['heads']} heads", kv, *widths])
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -47,16 +57,24 @@ def plan_text(plan: Plan) -> str:
         lines.append(f"Predicted decode: {plan.predicted_decode_tok_s:.1f} tok/s{extra}")
     lines.append(f"Why: {plan.reason}")
     if plan.ranks:
+        shares = any(r.share_summary for r in plan.ranks)
         rows = [["rank", "host", "address", "layers", "weights", "KV cache", "needed", "usable"]]
+        if shares:
+            rows[0] += ["share of each layer", "read/token", "step"]
         rows += [
             [
                 str(r.rank), r.host, r.ip or "-", _layers(plan, r), gib(r.weight_bytes),
                 gib(r.kv_cache_bytes), gib(r.memory_needed_bytes),
                 gib(r.memory_usable_bytes) if r.memory_usable_bytes is not None else "?",
-            ]
+            ] + ([_share(r), gib(r.read_bytes_per_token), f"{r.predicted_step_s * 1e3:.1f} ms"]
+                 if shares else [])
             for r in plan.ranks
         ]  # fmt: skip
         lines += ["", *_table(rows)]
+        if shares:
+            lines.append(
+                "  (shares follow each host's memory bandwidth; step: the rank's own time a token)"
+            )
         if plan.strategy == "pipeline":
             lines.append("  (rank 0 runs the last layers, as mlx-lm's pipeline orders them)")
     if plan.problems:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from topology.model.layout import router_bits
 from topology.model.spec import KV_CACHE_DTYPE_BYTES, ModelSpec
-from topology.planning.tensor_shares import HeadGrid, RankShare, TensorLayout, layout
+from topology.planning.tensor_shares import WIDTHS, HeadGrid, RankShare, TensorLayout, layout
 
 MEMORY_ROUNDS = 4  # re-balancing rounds for ranks whose share does not fit their memory
 
@@ -58,10 +58,29 @@ def widths_for(spec: ModelSpec) -> dict[str, int]:
     return {name: w for name, w in widths.items() if w}
 
 
+def even_blocker(spec: ModelSpec, n: int) -> str | None:
+    """For families only mlx-lm's even shard() splits: what does not divide by n, or None."""
+    unit = spec.group_size if spec.bits < 16 and spec.group_size else 1
+    counts = {"attention heads": spec.heads, **widths_for(spec)}
+    if not spec.is_mla:
+        counts["KV heads"] = spec.kv_heads
+    for name, count in counts.items():
+        if count % n or (name in WIDTHS and (count // n) % unit):
+            return (
+                f"{name} ({count}) split evenly {n} ways ({spec.model_type} has no uneven shards)"
+            )
+    return None
+
+
 def tensor_layout(spec: ModelSpec, weights: Sequence[float], context: int) -> TensorLayout | str:
     """Every rank's share for these weights, or the phrase saying what cannot be split."""
     unit = spec.group_size if spec.bits < 16 and spec.group_size else 1
     widths = widths_for(spec)
+    if len(weights) > 1 and not spec.uneven_supported:
+        blocker = even_blocker(spec, len(weights))
+        if blocker:
+            return blocker
+        weights = [1.0] * len(weights)
     return layout(grid_for(spec, context), widths, dict.fromkeys(widths, unit), weights)
 
 
