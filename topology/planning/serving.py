@@ -33,8 +33,10 @@ class PrefixCacheBudget:
 
 
 def rank_kv_bytes_per_token(plan: Plan, rank: RankPlan, spec: ModelSpec) -> int:
-    """KV cache bytes one token costs on this rank: its layers' share, split over the tensor
-    ranks (MLA's latent is not split: mlx-lm's shard() keeps it whole on every rank)."""
+    """KV cache bytes one token costs on this rank: its layers' share, or its tensor share's
+    KV heads (replicas counted; MLA's latent is whole on every rank)."""
+    if plan.strategy == "tensor" and rank.tensor_share is not None:  # its own KV heads' cache
+        return -(-rank.kv_cache_bytes // plan.context)
     layers = rank.layers[1] - rank.layers[0]
     ways = len(plan.ranks) if plan.strategy == "tensor" and not spec.is_mla else 1
     return -(-spec.kv_bytes_per_token_per_layer * layers // ways)  # rounded up: never over
