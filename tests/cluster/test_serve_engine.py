@@ -35,6 +35,19 @@ def test_static_batch_gives_batch_generate_tokens(
     assert len(begins) == len(PROMPTS)
 
 
+def test_a_batch_of_8_over_3_uneven_tensor_ranks_gives_batch_generate_tokens(
+    tiny: Callable[[str], Path],
+) -> None:
+    """8 heads / 4 KV heads over 3 ranks: unequal shares (8 heads do not split 3 ways)."""
+    model = tiny("llama")
+    prompts = PROMPTS + [p[::-1] for p in PROMPTS]
+    expected = batch_reference(model, prompts, MAX_TOKENS)
+    early = [request(f"r{i}", p, MAX_TOKENS) for i, p in enumerate(prompts)]
+    with serving(model, 3, "tensor", early) as ranks:
+        got = [ranks.done(f"r{i}")["token_ids"] for i in range(len(prompts))]
+    assert got == expected
+
+
 def _assert_same_or_near_tie(
     model: Path, prompt: list[int], got: list[int], solo: list[int]
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,19 +216,47 @@ def test_rank_killed_mid_request_fails_it_then_serving_resumes_on_one_rank(
         assert "serving again" in s.stderr
 
 
-def test_lost_rank_forces_pipeline_when_tensor_no_longer_divides(tmp_path: Path) -> None:
-    """6 heads / 3 KV heads split over 3 ranks but not over 2: the re-plan is a pipeline."""
+def test_batch_of_8_over_3_uneven_ranks_then_a_lost_rank_re_plans_tensor_x2(
+    tmp_path: Path,
+) -> None:
+    """6 heads / 3 KV heads: 3 ranks hold 2 heads each, and after a rank is lost 2 ranks hold 3
+    heads and 2 KV heads each (one replicated). Before uneven shares this re-planned a pipeline.
+    Eight concurrent chats through the official client, streamed and whole, all equal one plain
+    mlx-lm process (identical rows of a batch)."""
     model = write_tiny_model(tmp_path / "kv3", layers=4, hidden=96, heads=6, kv_heads=3)
     args = ["--local", "3", "--strategy", "tensor", "--model", str(model)]
     args += ["--job-option", "token_delay_s=0.1"]
     ref = reference(model, 16, chat=PROMPT)
+    messages = [{"role": "user", "content": PROMPT}]
     with serving(*args) as s:
+        s.wait_ready()
+        texts: list[str | None] = [None] * 8
+
+        def chat(i: int) -> None:
+            client = s.client()
+            if i % 2:
+                out = client.chat.completions.create(
+                    model="m", messages=messages, max_tokens=16, temperature=0
+                )
+                texts[i] = out.choices[0].message.content
+            else:
+                chunks = client.chat.completions.create(
+                    model="m", messages=messages, max_tokens=16, temperature=0, stream=True
+                )
+                texts[i] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+        threads = [threading.Thread(target=chat, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert texts == [ref.text] * 8, s.stderr[-2000:]
         failed_after, _ = _fail_over(s, kill_rank=0, ranks_before=3)
         assert failed_after < FAIL_WITHIN_S
         body = s.wait_health(True, RECOVER_WITHIN_S, every_s=0.5)
-        assert (body["strategy"], body["ranks"]) == ("pipeline", 2)
+        assert (body["strategy"], body["ranks"]) == ("tensor", 2)
         out = s.client().chat.completions.create(
-            model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=16, temperature=0
+            model="m", messages=messages, max_tokens=16, temperature=0
         )
         assert out.choices[0].message.content == ref.text
-        assert "re-planned tensor ×3 → pipeline ×2 in" in s.stderr
+        assert "re-planned tensor ×3 → tensor ×2 in" in s.stderr
