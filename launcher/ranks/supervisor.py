@@ -25,6 +25,12 @@ __all__ = ["Deadlines", "Failure", "Outcome", "supervise"]
 DEFAULT_DEADLINES = Deadlines()
 KEEPALIVE_S = 1.0  # an empty line to every rank this often: its guard's sign that we are here
 
+# After a rank exits non-zero, how long other exits may take to arrive before one is named: a
+# killed remote rank's ssh can report after the neighbours that saw its sockets close.
+SETTLE_S = 0.3
+# What a rank says when only a peer failed (MLX's ring and jaccl; mlx-cluster's own guard).
+PEER_GONE = ("closed by the peer", "Connection reset", "Broken pipe", "peer", "link to rank")
+
 EXIT_OK = 0
 EXIT_RANK_FAILED = 1
 EXIT_BAD_INPUT = 2  # a rank found the model or job unusable (missing model, shapes)
@@ -179,10 +185,10 @@ def _watch(
         if rep is not None and rep.kind == "exit":
             w.exited.add(rep.rank)
             if rep.code != 0:
-                ranks[rep.rank].drain_output(1.0)
-                failed = ranks[rep.rank]
-                code = EXIT_BAD_INPUT if failed.error_kind == "input" else EXIT_RANK_FAILED
-                return Outcome(code, w.result, _exit_failure(failed, rep.code))
+                rank, code = _first_cause(ranks, reports, w, rep)
+                failed = ranks[rank]
+                status = EXIT_BAD_INPUT if failed.error_kind == "input" else EXIT_RANK_FAILED
+                return Outcome(status, w.result, _exit_failure(failed, code))
         elif rep is not None:
             w.take(rep, now)
         alive = [i for i in range(len(ranks)) if i not in w.exited]
@@ -193,6 +199,40 @@ def _watch(
     if w.result is None:
         return Outcome(EXIT_RANK_FAILED, None, _failure(ranks[0], "exited without a result"))
     return Outcome(EXIT_OK, w.result)
+
+
+def _first_cause(
+    ranks: list[RankProcess], reports: queue.Queue[Report], w: _Watch, first: Report
+) -> tuple[int, int | None]:
+    """The rank whose failure made the others fail: exits within SETTLE_S of the first are
+    gathered, and a rank killed by a signal (or its ssh link dropping) comes before one that
+    failed on its own, which comes before one that only saw a peer go (a ring socket closed):
+    the killed rank's exit can reach us after its neighbours'."""
+    exits = [first]
+    end = time.monotonic() + SETTLE_S
+    while (left := end - time.monotonic()) > 0:
+        try:
+            rep = reports.get(timeout=left)
+        except queue.Empty:
+            break
+        if rep.kind == "exit":
+            w.exited.add(rep.rank)
+            if rep.code != 0:
+                exits.append(rep)
+        else:
+            w.take(rep, time.monotonic())
+    for rep in exits:
+        ranks[rep.rank].drain_output(1.0)
+
+    def cause(rep: Report) -> int:
+        r, code = ranks[rep.rank], rep.code
+        if code is not None and (code < 0 or (code == SSH_EXIT and r.launch.remote)):
+            return 0
+        said = r.error or ""
+        return 2 if any(s in said for s in PEER_GONE) or not said else 1
+
+    best = min(exits, key=cause)  # min keeps the earliest of equals
+    return best.rank, best.code
 
 
 def _failure(r: RankProcess, reason: str) -> Failure:
