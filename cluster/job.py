@@ -27,6 +27,8 @@ class RankJob:
     layer_split: tuple[int, ...] | None = None
     # tensor: this rank's heads and widths (topology/planning/tensor_shares.py); None = equal
     tensor_share: dict[str, Any] | None = None
+    # every rank's share, rank by rank: checked to hold each head and column exactly once
+    tensor_layout: list[dict[str, Any]] | None = None
     prompt: str = ""
     max_tokens: int = 100
     temp: float = 0.0

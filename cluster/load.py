@@ -35,7 +35,7 @@ from cluster.tensor_shards import shard_model
 from topology.errors import InputError
 from topology.model.spec import UNEVEN_FAMILIES, spec_from_config
 from topology.planning.tensor_costs import grid_for, tensor_layout, widths_for
-from topology.planning.tensor_shares import HeadGrid, RankShare
+from topology.planning.tensor_shares import HeadGrid, RankShare, check_cover
 from topology.planning.types import DEFAULT_CONTEXT
 from topology.untrusted import load_json, show
 
@@ -77,13 +77,23 @@ def check_shapes(
 
 
 def tensor_share(
-    config: dict[str, Any], rank: int, size: int, given: dict[str, Any] | None
+    config: dict[str, Any],
+    rank: int,
+    size: int,
+    given: dict[str, Any] | None,
+    every: list[dict[str, Any]] | None = None,
 ) -> tuple[RankShare, HeadGrid]:
-    """This rank's share: the plan's, checked against the model, or equal shares."""
+    """This rank's share: the plan's, checked against the model (and, given every rank's,
+    checked to cover it exactly once), or equal shares."""
     spec = spec_from_config(config)
     grid = grid_for(spec, DEFAULT_CONTEXT)
+    widths = widths_for(spec)
+    if every is not None:
+        if len(every) != size or (given is not None and every[rank] != given):
+            raise InputError(f"tensor shares for {len(every)} ranks do not match the job (re-plan)")
+        check_cover([RankShare.from_json(s, grid, widths) for s in every], grid, widths)
     if given is not None:
-        return RankShare.from_json(given, grid, widths_for(spec)), grid
+        return RankShare.from_json(given, grid, widths), grid
     lay = tensor_layout(spec, [1.0] * size, DEFAULT_CONTEXT)
     if isinstance(lay, str):
         raise InputError(
@@ -147,6 +157,7 @@ def load_shard(
     group: Any,
     split: Sequence[int] | None = None,
     share: dict[str, Any] | None = None,
+    layout: list[dict[str, Any]] | None = None,
     progress: Progress | None = None,
     download_progress: DownloadProgress | None = None,
     peers: PeerShare | None = None,
@@ -170,7 +181,7 @@ def load_shard(
             raise InputError(
                 f"mlx-lm has no tensor parallel for {config['model_type']}: use --strategy pipeline"
             )
-        own = tensor_share(arch, rank, size, share) if tensor else None
+        own = tensor_share(arch, rank, size, share, layout) if tensor else None
         local = layer_range(num_layers, rank, size, split) if pipeline else range(num_layers)
         files = local_files(view, local if pipeline else None, source.weight_names())
         if not files:
@@ -198,6 +209,7 @@ def shard_for_job(job: RankJob, group: Any, emit: Callable[..., None]) -> Shard:
     return load_shard(
         job.model, job.rank, job.world_size, job.strategy, group, split=job.layer_split,
         share=job.tensor_share,
+        layout=job.tensor_layout,
         progress=lambda done, total, files: emit(
             "loading", layers_done=done, layers_total=total, files=files
         ),

@@ -163,6 +163,14 @@ def _share(
     return dict(share) if share is not None else None
 
 
+def _layout(
+    shares: Sequence[Mapping[str, Any] | None] | None, n: int
+) -> list[dict[str, Any]] | None:
+    if not shares or n == 1 or any(s is None for s in shares):
+        return None
+    return [dict(s) for s in shares if s is not None]
+
+
 def build_rank_jobs(
     hostfile: dict[str, Any],
     *,
@@ -208,6 +216,7 @@ def build_rank_jobs(
             model=model,
             layer_split=tuple(layer_split) if layer_split is not None else None,
             tensor_share=_share(tensor_shares, rank, n),
+            tensor_layout=_layout(tensor_shares, n),
             prompt=generation.prompt,
             max_tokens=generation.max_tokens,
             temp=generation.temp,

@@ -262,3 +262,23 @@ def test_bad_share_is_one_clear_input_error(
     assert r0.event("decode") is None and r0.event("done") is None
     assert r0.stderr == []  # no traceback
     assert r1.event("done") is None
+
+
+def test_shares_that_overlap_are_refused_at_load(model: Callable[[str], Path]) -> None:
+    """Each share fits the model, but both ranks hold the same heads: decoding would give wrong
+    tokens without any error, so the layout every job carries is checked to cover each head and
+    column exactly once."""
+    path = model("llama_9_3")
+    same = tensor_share(config(path), 0, 2, None)[0].to_json()
+    jobs = ring_jobs(2, path, "tensor", prompt=PROMPT, max_tokens=4)
+    jobs = [replace(j, tensor_share=same, tensor_layout=[same, same]) for j in jobs]
+    ranks = Ranks(jobs)
+    try:
+        codes = [rank.proc.wait(60) for rank in ranks.ranks]
+    finally:
+        ranks.finish(timeout=5)
+    assert codes == [EXIT_INPUT, EXIT_INPUT]
+    for rank in ranks.ranks:
+        [error] = [e for e in rank.events if e["event"] == "error"]
+        assert error["kind"] == "input" and "not each exactly once" in error["message"], error
+        assert rank.stderr == []

@@ -80,7 +80,8 @@ class RankShare:
     def from_json(cls, raw: Any, grid: HeadGrid, widths: Mapping[str, int]) -> RankShare:
         """A share from a job, checked against the model it is for (InputError when it does
         not fit: the plan was made for another model)."""
-        if not isinstance(raw, Mapping) or set(raw) - {"kv", "cols", *WIDTHS}:
+        held = {name for name, width in widths.items() if width}
+        if not isinstance(raw, Mapping) or set(raw) - {"kv", "cols", *held}:
             raise InputError(f"tensor share {raw!r}: not a share of this model (re-plan)")
         kv = _span(raw.get("kv"), grid.kv_heads, "kv")
         cols = _span(raw.get("cols"), grid.group, "cols")
@@ -96,6 +97,24 @@ def _span(value: Any, limit: int, key: str) -> tuple[int, int]:
             f"tensor share: {key} {value!r} is not a range within 0..{limit} (re-plan)"
         )
     return int(value[0]), int(value[1])
+
+
+def check_cover(shares: Sequence[RankShare], grid: HeadGrid, widths: Mapping[str, int]) -> None:
+    """Every query head and every column of every width held by exactly one rank, else one
+    InputError: shares that overlap or leave a gap would decode wrong tokens, not fail."""
+    heads = [h for share in shares for h in share.heads(grid)]
+    if sorted(heads) != list(range(grid.heads)):
+        raise InputError(
+            f"tensor shares hold {len(heads)} query heads for {grid.heads}, not each exactly "
+            "once (re-plan)"
+        )
+    for name, width in widths.items():
+        if not width:
+            continue
+        spans = sorted(share.widths.get(name, (0, 0)) for share in shares)
+        ends = [0] + [end for _, end in spans]
+        if [start for start, _ in spans] != ends[:-1] or ends[-1] != width:
+            raise InputError(f"tensor shares {spans} do not cut the {name} width {width} (re-plan)")
 
 
 @dataclass(frozen=True)
