@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from rankrun import ROOT, Ranks, ring_jobs, run_ranks
 
 from cluster.job import parse_event
-from cluster.load import check_shapes
+from cluster.load import check_shapes, tensor_share
 
 
 def only_error(rank_events: list[dict]) -> dict:
@@ -24,13 +25,17 @@ def only_error(rank_events: list[dict]) -> dict:
     return errors[0]
 
 
-def test_kv_heads_that_do_not_split_fail_before_any_forward(tiny: Callable[[str], Path]) -> None:
-    ranks = run_ranks(ring_jobs(2, tiny("kv3"), "tensor", prompt="hi", max_tokens=4), timeout=60)
+def test_heads_that_cannot_split_fail_before_any_forward(tmp_path: Path) -> None:
+    """2 query heads cannot go to 3 ranks (uneven shares need one head each at least)."""
+    from cluster.tiny_model import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "h2", layers=2, hidden=32, heads=2, kv_heads=1)
+    ranks = run_ranks(ring_jobs(3, model, "tensor", prompt="hi", max_tokens=4), timeout=60)
     for rank in ranks:
         error = only_error(rank.events)
         assert rank.proc.returncode == 2
         assert error["kind"] == "input" and error["stage"] == "load"
-        assert "3 KV heads do not split" in error["message"]
+        assert "needs at least 3 attention heads (the model has 2)" in error["message"]
         assert "--strategy pipeline" in error["message"]
         assert rank.event("decode") is None and rank.event("loading") is None
         assert rank.stderr == []  # one line, no traceback
@@ -136,19 +141,82 @@ def test_watchdog_runs_while_the_main_thread_waits_on_a_stopped_peer(
         ranks.finish(10)
 
 
+SHAPE_BASE = {
+    "model_type": "llama",
+    "vocab_size": 1000,
+    "num_hidden_layers": 4,
+    "hidden_size": 1024,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "intermediate_size": 2048,
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "size", "message"),
+    [
+        ({}, 9, "at least 9 attention heads (the model has 8)"),
+        (
+            {"intermediate_size": 128, "quantization": {"group_size": 64, "bits": 4}},
+            3,
+            "mlp width 128 in at least 3 pieces of 64 columns",
+        ),
+        (  # 96 columns a head: only every 4th head starts a group of 128
+            {"hidden_size": 768, "quantization": {"group_size": 128, "bits": 4}},
+            4,
+            "attention heads in whole quantization groups of 128 columns (8 heads of 96)",
+        ),
+    ],
+)
+def test_tensor_shapes_that_cannot_split_are_refused_before_loading(
+    config: dict, size: int, message: str
+) -> None:
+    from topology.errors import InputError
+
+    shape = {**SHAPE_BASE, **config}
+    check_shapes(shape, "tensor", size, None)  # tensor shares are checked when laid out
+    whole = f"tensor parallel over {size} ranks needs {message}: use fewer ranks or --strategy"
+    for rank in range(size):
+        with pytest.raises(InputError, match=whole.replace("(", r"\(").replace(")", r"\)")):
+            tensor_share(shape, rank, size, None)
+
+
+@pytest.mark.parametrize(
+    ("config", "size"),
+    [  # each refused before uneven shares: now every rank gets a share
+        ({"num_attention_heads": 6, "num_key_value_heads": 6}, 4),
+        ({"num_key_value_heads": 2}, 4),
+        ({"intermediate_size": 300}, 8),
+        ({"intermediate_size": 12352, "quantization": {"group_size": 64, "bits": 4}}, 2),
+    ],
+)
+def test_uneven_tensor_shapes_split(config: dict, size: int) -> None:
+    shape = {**SHAPE_BASE, **config}
+    check_shapes(shape, "tensor", size, None)
+    shares = [tensor_share(shape, rank, size, None) for rank in range(size)]
+    grid = shares[0][1]
+    heads = sorted(h for share, _ in shares for h in share.heads(grid))
+    assert heads == list(range(shape["num_attention_heads"]))  # each head on exactly one rank
+    spans = [share.widths["mlp"] for share, _ in shares]
+    assert spans[0][0] == 0 and spans[-1][1] == shape["intermediate_size"]
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+    assert max(e - s for s, e in spans) - min(e - s for s, e in spans) <= 64
+
+
+def test_a_planned_share_is_checked_against_the_model() -> None:
+    from topology.errors import InputError
+
+    given = {"kv": [0, 2], "cols": [0, 1], "mlp": [0, 1024]}
+    share, _ = tensor_share(SHAPE_BASE, 0, 2, given)
+    assert (share.kv, share.cols, share.widths["mlp"]) == ((0, 2), (0, 1), (0, 1024))
+    for bad in ({**given, "kv": [6, 9]}, {**given, "mlp": [0, 4096]}, {**given, "q": [0, 1]}):
+        with pytest.raises(InputError, match="re-plan"):
+            tensor_share(SHAPE_BASE, 0, 2, bad)
+
+
 @pytest.mark.parametrize(
     ("config", "strategy", "size", "split", "message"),
     [
-        ({"num_attention_heads": 6}, "tensor", 4, None, "6 attention heads do not split"),
-        ({"num_key_value_heads": 2}, "tensor", 4, None, "2 KV heads do not split"),
-        ({"intermediate_size": 300}, "tensor", 8, None, "intermediate size 300 does not split"),
-        (
-            {"hidden_size": 768, "quantization": {"group_size": 128, "bits": 4}},
-            "tensor",
-            4,
-            None,
-            "attention output slice (192) is not a multiple of the quantization group size 128",
-        ),
         ({}, "pipeline", 4, (2, 2, 2), "must give each of 4 ranks at least one layer"),
         ({}, "pipeline", 2, (0, 4), "at least one layer"),
         ({"num_hidden_layers": 2}, "pipeline", 3, None, "needs at least 3 layers"),
@@ -160,16 +228,10 @@ def test_shapes_are_checked_from_the_config(
 ) -> None:
     from topology.errors import InputError
 
-    base = {
-        "num_hidden_layers": 4,
-        "hidden_size": 1024,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 8,
-        "intermediate_size": 2048,
-    }
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        check_shapes({**base, **config}, strategy, size, split)
-    check_shapes(base, "tensor", 8, None)  # the base itself splits 8 ways
+        check_shapes({**SHAPE_BASE, **config}, strategy, size, split)
+    check_shapes(SHAPE_BASE, "tensor", 8, None)  # tensor: its shares are checked by tensor_share
+    check_shapes(SHAPE_BASE, "pipeline", 4, (1, 1, 1, 1))
 
 
 def test_empty_prompt_is_refused_by_every_rank_together(tiny: Callable[[str], Path]) -> None:

@@ -47,6 +47,17 @@ def mesh3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def two_heads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama's config with 2 attention heads: tensor parallel cannot split it 3 ways."""
+    config = json.loads((Path(LLAMA) / "config.json").read_text())
+    d = tmp_path_factory.mktemp("two-heads")
+    (d / "config.json").write_text(
+        json.dumps({**config, "num_attention_heads": 2, "num_key_value_heads": 2})
+    )
+    return d
+
+
+@pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from cluster.tiny_model import write_tiny_model
 
@@ -64,17 +75,30 @@ def test_json_plan_on_a_snapshot(mesh4: Path) -> None:
     assert plan["reason"].startswith("tensor over 4 is fastest")
 
 
-def test_readable_plan_shows_table_reason_and_problems(mesh3: Path) -> None:
+def test_readable_plan_shows_table_reason_and_problems(mesh3: Path, two_heads: Path) -> None:
     out = run("--snapshot", mesh3, "--model", LLAMA)
     assert out.returncode == 0, out.stderr
     text = out.stdout
+    assert "Plan: tensor parallel, 3 rank(s)" in text
+    assert "Why: tensor over 3 is fastest: " in text and " for pipeline" in text
+    assert "rank  host" in text and "needed" in text and "usable" in text
+    assert "share of each layer" in text and "read/token" in text and "step" in text
+    # 64 heads, 8 KV heads over 3: uneven rectangles, the KV heads cut are replicated
+    assert " heads, " in text and " KV (replicated), mlp " in text
+    assert "shares follow each host's memory bandwidth" in text
+    assert "Problems:" not in text and "tp_" not in text
+    assert "Predicted decode:" in text
+    few = run("--snapshot", mesh3, "--model", two_heads)
+    assert few.returncode == 0, few.stderr
+    text = few.stdout
     assert "Plan: pipeline parallel, 3 rank(s)" in text
     assert (
-        "Why: tensor over 3 would need 64 attention heads % 3 == 0; pipeline over 3 instead" in text
+        "Why: tensor over 3 would need at least 3 attention heads (the model has 2); "
+        "pipeline over 3 instead" in text
     )
-    assert "rank  host" in text and "needed" in text and "usable" in text
-    assert "warning tp_not_divisible" in text and "fix: Use 2, 4 or 8 hosts" in text
-    assert "Predicted decode:" in text
+    assert "share of each layer" not in text
+    assert "warning tp_cannot_split" in text
+    assert "fix: Use at most 2 hosts for tensor parallel, or `--strategy pipeline`." in text
 
 
 def test_out_writes_plan_and_a_hostfile_mlx_parses(mesh3: Path, tmp_path: Path) -> None:
@@ -83,11 +107,21 @@ def test_out_writes_plan_and_a_hostfile_mlx_parses(mesh3: Path, tmp_path: Path) 
     written = json.loads((tmp_path / "p" / "plan.json").read_text())
     assert written == as_json(out)
     plan = Plan.from_json(written)
-    assert plan.layer_split is not None and sum(plan.layer_split) == 80
+    assert plan.strategy == "tensor" and plan.layer_split is None
+    # every rank reads its own share back from plan.json
+    assert [r.tensor_share for r in plan.ranks] == [r["tensor_share"] for r in written["ranks"]]
+    assert sum(r["heads"] for r in written["ranks"]) == 64
     hostfile = Hostfile.from_file(tmp_path / "p" / "hostfile.json")
     assert hostfile.backend == "jaccl"
     assert [h.ssh_hostname for h in hostfile.hosts] == [r.ssh for r in plan.ranks]
     assert hostfile.hosts[0].ips == [plan.ranks[0].ip]
+    piped = run(
+        "--snapshot", mesh3, "--model", LLAMA, "--strategy", "pipeline", "--out", tmp_path / "q"
+    )
+    assert piped.returncode == 0, piped.stderr
+    plan = Plan.from_json(json.loads((tmp_path / "q" / "plan.json").read_text()))
+    assert plan.layer_split is not None and sum(plan.layer_split) == 80
+    assert all(r.tensor_share is None for r in plan.ranks)
 
 
 def test_no_valid_plan_exits_1_and_says_why(tmp_path: Path) -> None:
@@ -106,10 +140,25 @@ def test_no_valid_plan_exits_1_and_says_why(tmp_path: Path) -> None:
     assert "error model_does_not_fit" in text.stdout
 
 
-def test_forced_tensor_over_3_is_refused(mesh3: Path) -> None:
+def test_forced_tensor_over_3_splits_unevenly(mesh3: Path) -> None:
     out = run("--snapshot", mesh3, "--model", LLAMA, "--strategy", "tensor", "--json")
-    assert out.returncode == 1
-    assert [p["code"] for p in as_json(out)["problems"]] == ["tp_not_divisible"]
+    assert out.returncode == 0, out.stderr
+    plan = as_json(out)
+    assert plan["strategy"] == "tensor" and plan["problems"] == []
+    assert plan["reason"].startswith("tensor over 3 as requested")
+
+
+def test_forced_tensor_over_more_ranks_than_heads_is_refused(mesh3: Path, two_heads: Path) -> None:
+    out = run("--snapshot", mesh3, "--model", two_heads, "--strategy", "tensor", "--json")
+    assert out.returncode == 1, out.stderr
+    plan = as_json(out)
+    assert plan["ranks"] == [] and [p["code"] for p in plan["problems"]] == ["tp_cannot_split"]
+    [problem] = plan["problems"]
+    assert problem["severity"] == "error"
+    assert problem["message"] == (
+        "tensor parallel over 3 ranks needs at least 3 attention heads (the model has 2)"
+    )
+    assert "at most 2 hosts" in problem["fix"]
 
 
 def test_local_ranks_with_a_real_tiny_model(tiny: Path, tmp_path: Path) -> None:

@@ -231,9 +231,34 @@ def test_model_problems_come_from_the_planner(tmp_path: Path) -> None:
         qwen,
         "--json",
     )
-    assert eight.returncode == 0  # 4 KV heads don't split 8 ways, but pipeline fits: a warning
-    [tp] = [p for p in json.loads(eight.stdout)["problems"] if p["code"] == "tp_not_divisible"]
-    assert tp["severity"] == "warning" and "KV heads" in tp["message"]
+    assert eight.returncode == 0, eight.stdout + eight.stderr
+    # 4 KV heads over 8 ranks: replicated, tensor splits now, so no tensor problem at all
+    codes = {p["code"] for p in json.loads(eight.stdout)["problems"]}
+    assert not any(code.startswith("tp_") for code in codes), codes
+    # 4 query heads cannot split 8 ways, but pipeline fits: a warning naming the limit
+    config = json.loads((qwen / "config.json").read_text())
+    (tmp_path / "four-heads").mkdir()
+    (tmp_path / "four-heads" / "config.json").write_text(
+        json.dumps({**config, "num_attention_heads": 4, "num_key_value_heads": 4})
+    )
+    few = run(
+        "topology",
+        "check",
+        "--snapshot",
+        snap8,
+        "--backend",
+        "jaccl-ring",
+        "--model",
+        tmp_path / "four-heads",
+        "--json",
+    )
+    assert few.returncode == 0, few.stdout + few.stderr
+    [tp] = [p for p in json.loads(few.stdout)["problems"] if p["code"] == "tp_cannot_split"]
+    assert tp["severity"] == "warning"
+    assert tp["message"] == (
+        "tensor parallel over 8 ranks needs at least 8 attention heads (the model has 4)"
+    )
+    assert "at most 4 hosts" in tp["fix"]
     bad = run(
         "topology",
         "check",

@@ -13,8 +13,10 @@ from paths import FIXTURES
 from topology.chips import GIB, max_wired_bytes
 from topology.facts import CheckResult, HostFacts
 from topology.model.spec import ModelSpec, spec_from_config
-from topology.planning.placement import Slot, split_layers, tensor_blockers
+from topology.planning.placement import Slot, split_layers
 from topology.planning.plan import Plan, model_problems, plan_cluster, plan_local
+from topology.planning.tensor_costs import tensor_layout
+from topology.planning.tensor_shares import TensorLayout
 from topology.problems import check
 
 LLAMA = "llama-3.3-70b-instruct-bf16"
@@ -43,7 +45,7 @@ def test_llama_70b_bf16_tensor_over_4_m3_ultras() -> None:
     plan = plan_cluster(checked(synth.mesh(4)), spec(LLAMA))
     assert plan.ok and plan.strategy == "tensor" and plan.backend == "jaccl"
     assert [r.layers for r in plan.ranks] == [(0, 80)] * 4
-    assert "tp_not_divisible" not in codes(plan)
+    assert "tp_cannot_split" not in codes(plan)
     s = spec(LLAMA)
     quarter = s.weight_bytes / 4
     for r in plan.ranks:  # a quarter of the layers' weights + the full embedding and head
@@ -53,36 +55,88 @@ def test_llama_70b_bf16_tensor_over_4_m3_ultras() -> None:
     assert 0 < plan.predicted_decode_tok_s < plan.roofline_decode_tok_s
 
 
-def test_llama_70b_over_3_is_not_divisible_so_auto_picks_pipeline() -> None:
+def test_llama_70b_over_3_splits_unevenly_so_auto_picks_tensor() -> None:
+    """64 heads and 8 KV heads do not divide by 3: each rank takes a rectangle of the
+    8 KV x 8 query-head grid (replicating the KV heads it cuts), faster than pipeline."""
     result = checked(synth.mesh(3))
     plan = plan_cluster(result, spec(LLAMA))
-    assert plan.ok and plan.strategy == "pipeline" and plan.world_size == 3
-    assert plan.reason.startswith("tensor over 3 would need 64 attention heads % 3 == 0")
-    assert plan.reason.endswith("pipeline over 3 instead")
-    assert "tp_not_divisible" in codes(plan, "warning")
-    split = plan.layer_split
+    assert plan.ok and plan.strategy == "tensor" and plan.world_size == 3
+    assert plan.backend == "jaccl" and codes(plan) == []
+    assert plan.reason.startswith("tensor over 3 is fastest")
+    assert plan.reason.endswith("for pipeline")
+    assert [r.layers for r in plan.ranks] == [(0, 80)] * 3 and plan.layer_split is None
+    summaries = [r.share_summary for r in plan.ranks]
+    assert sum(s["heads"] for s in summaries) == 64  # every query head on exactly one rank
+    assert max(s["heads"] for s in summaries) - min(s["heads"] for s in summaries) <= 8
+    assert sum(s["mlp_width"] for s in summaries) == 28672  # bf16: any column is a cut
+    assert max(s["mlp_width"] for s in summaries) - min(s["mlp_width"] for s in summaries) <= 1
+    # 8 KV heads over 3 ranks: at least one is held by two ranks (more than 8 held in all)
+    assert sum(s["kv_heads"] for s in summaries) > 8
+    assert any(s["kv_replicated"] for s in summaries)
+    for r in plan.ranks:
+        assert r.tensor_share is not None and r.read_bytes_per_token > 0
+        assert r.predicted_step_s > 0 and r.memory_needed_bytes <= (r.memory_usable_bytes or 0)
+    assert plan.predicted_decode_tok_s is not None
+    # the rank with the longest step sets the pace
+    slowest = max(r.predicted_step_s for r in plan.ranks)
+    assert plan.predicted_decode_tok_s == pytest.approx(1 / slowest, rel=0.01)
+    pipeline = plan_cluster(result, spec(LLAMA), strategy="pipeline")
+    assert pipeline.ok and pipeline.predicted_decode_tok_s is not None
+    assert plan.predicted_decode_tok_s > 1.5 * pipeline.predicted_decode_tok_s
+    split = pipeline.layer_split
     assert split is not None and sum(split) == 80 and min(split) >= 1
     # mlx-lm's order: rank 0 holds the LAST layers, the last rank the first ones.
-    assert plan.ranks[0].layers[1] == 80 and plan.ranks[-1].layers[0] == 0
-    for a, b in zip(plan.ranks, plan.ranks[1:], strict=False):
+    assert pipeline.ranks[0].layers[1] == 80 and pipeline.ranks[-1].layers[0] == 0
+    for a, b in zip(pipeline.ranks, pipeline.ranks[1:], strict=False):
         assert b.layers[1] == a.layers[0]
     forced = plan_cluster(result, spec(LLAMA), strategy="tensor")
+    assert forced.ok and forced.to_json() == plan.to_json() | {"reason": forced.reason}
+
+
+def test_forced_tensor_over_more_ranks_than_heads_cannot_split() -> None:
+    few = spec(LLAMA, num_attention_heads=2, num_key_value_heads=2)
+    result = checked(synth.mesh(3))
+    forced = plan_cluster(result, few, strategy="tensor")
     assert not forced.ok and forced.ranks == ()
-    bad = next(p for p in forced.problems if p.code == "tp_not_divisible")
-    assert bad.severity == "error" and "8 KV heads % 3" in bad.message
-    assert "2, 4 or 8 hosts" in bad.fix
+    [bad] = [p for p in forced.problems if p.code == "tp_cannot_split"]
+    assert bad.severity == "error"
+    assert bad.message == (
+        "tensor parallel over 3 ranks needs at least 3 attention heads (the model has 2)"
+    )
+    assert bad.fix == "Use at most 2 hosts for tensor parallel, or `--strategy pipeline`."
+    auto = plan_cluster(result, few)
+    assert auto.ok and auto.strategy == "pipeline"
+    assert auto.reason.startswith("tensor over 3 would need at least 3 attention heads")
+    assert codes(auto, "warning") == ["tp_cannot_split"]
 
 
-def test_qwen3_235b_has_4_kv_heads_so_tensor_over_8_fails() -> None:
+def test_qwen3_235b_has_4_kv_heads_and_tensor_over_8_replicates_them() -> None:
     result = checked(synth.ring(8))  # 8 M3 Ultras can't form a full mesh (6 ports): a ring
     assert result.backend == "jaccl-ring"
     forced = plan_cluster(result, spec(QWEN_MOE), strategy="tensor")
-    assert not forced.ok
-    bad = next(p for p in forced.problems if p.code == "tp_not_divisible")
-    assert "4 KV heads % 8 == 0" in bad.message and "first token" in bad.message
-    assert "64 attention heads" not in bad.message  # 64 % 8 == 0: not a problem
+    assert forced.ok and forced.strategy == "tensor" and forced.backend == "jaccl-ring"
+    assert not any(c.startswith("tp_") for c in codes(forced))
+    shares = [r.tensor_share for r in forced.ranks]
+    summaries = [r.share_summary for r in forced.ranks]
+    # 4 KV heads x 16 query heads each: every rank holds one KV head and half its queries
+    assert [s["heads"] for s in summaries] == [8] * 8
+    assert [s["kv_heads"] for s in summaries] == [1] * 8
+    assert all(s["kv_replicated"] for s in summaries)
+    assert sorted((tuple(s["kv"]), tuple(s["cols"])) for s in shares if s) == [
+        ((k, k + 1), c) for k in range(4) for c in ((0, 8), (8, 16))
+    ]
+    # 1536 expert columns = 24 groups of 64: 3 groups each, back to back
+    assert [tuple(s["expert"]) for s in shares if s] == [(192 * i, 192 * (i + 1)) for i in range(8)]
     auto = plan_cluster(result, spec(QWEN_MOE))
-    assert auto.ok and auto.strategy == "pipeline" and auto.backend == "jaccl-ring"
+    assert auto.ok and auto.backend == "jaccl-ring"
+    assert not any(c.startswith("tp_") for c in codes(auto))
+    # both strategies are valid now: auto takes the faster prediction over the ring
+    pipeline = plan_cluster(result, spec(QWEN_MOE), strategy="pipeline")
+    speeds = {p.strategy: p.predicted_decode_tok_s or 0.0 for p in (forced, pipeline)}
+    assert auto.strategy == max(speeds, key=lambda k: speeds[k])
+    assert auto.predicted_decode_tok_s == speeds[auto.strategy]
+    other = "pipeline" if auto.strategy == "tensor" else "tensor"
+    assert f"vs {speeds[other]:.1f} for {other}" in auto.reason
     over_4 = plan_cluster(checked(synth.mesh(4)), spec(QWEN_MOE))
     assert over_4.ok and over_4.strategy == "tensor"
 
@@ -113,7 +167,7 @@ def test_wired_limit_fix_is_concrete_and_makes_it_fit() -> None:
     assert fixed.ok, fixed.problems
 
 
-def test_pipeline_splits_in_proportion_to_memory_on_mixed_macs() -> None:
+def mixed_macs() -> synth.Cluster:
     c = synth.Cluster(
         [
             synth.SynthHost("studio", "m3-ultra"),
@@ -123,8 +177,31 @@ def test_pipeline_splits_in_proportion_to_memory_on_mixed_macs() -> None:
     )
     for a, b in (("studio", "max"), ("max", "mini"), ("mini", "studio")):
         c.cable(a, b)
-    plan = plan_cluster(check(c.facts()), spec(QWEN_MOE))
-    assert plan.ok and plan.strategy == "pipeline"  # 64 heads % 3: no tensor
+    return c
+
+
+def test_tensor_shares_follow_bandwidth_on_mixed_macs() -> None:
+    plan = plan_cluster(check(mixed_macs().facts()), spec(QWEN_MOE))
+    assert plan.ok and plan.strategy == "tensor" and codes(plan) == []
+    pipeline = plan_cluster(check(mixed_macs().facts()), spec(QWEN_MOE), strategy="pipeline")
+    assert (plan.predicted_decode_tok_s or 0) > (pipeline.predicted_decode_tok_s or 0) > 0
+    assert plan.reason.startswith("tensor over 3 is fastest")
+    assert {r.host: r.bandwidth_gbs for r in plan.ranks} == {"studio": 819, "max": 546, "mini": 273}
+    s = {r.host: r.share_summary for r in plan.ranks}
+    assert s["studio"]["heads"] > s["max"]["heads"] > s["mini"]["heads"] >= 1
+    assert s["studio"]["expert_width"] > s["max"]["expert_width"] > s["mini"]["expert_width"]
+    assert sum(v["heads"] for v in s.values()) == 64
+    assert sum(v["expert_width"] for v in s.values()) == 1536
+    # 819 : 546 : 273 GB/s is 3 : 2 : 1, and 24 groups of 64 columns split exactly so
+    assert [s[h]["expert_width"] for h in ("studio", "max", "mini")] == [768, 512, 256]
+    for r in plan.ranks:
+        assert r.memory_needed_bytes <= (r.memory_usable_bytes or 0)
+
+
+def test_pipeline_splits_in_proportion_to_memory_on_mixed_macs() -> None:
+    c = mixed_macs()
+    plan = plan_cluster(check(c.facts()), spec(QWEN_MOE), strategy="pipeline")
+    assert plan.ok and plan.strategy == "pipeline"
     counts = {r.host: r.layers[1] - r.layers[0] for r in plan.ranks}
     assert counts["studio"] > counts["max"] > counts["mini"] >= 1
     for r in plan.ranks:
@@ -143,13 +220,28 @@ def test_split_gives_every_rank_a_layer_and_falls_back_to_greedy_fill() -> None:
 
 
 def test_group_size_rule_for_quantized_tensor_parallel() -> None:
-    s = spec(QWEN_DENSE, intermediate_size=12352)  # 12352 / 2 = 6176, not a multiple of 64
-    rules = tensor_blockers(s, 2)
-    assert rules == [
-        "MLP width (intermediate_size) 12352 / 2 = 6176 to be a multiple of group size 64"
-    ]
+    # 12352 = 193 groups of 64: no even split, but 97 + 96 whole groups
+    s = spec(QWEN_DENSE, intermediate_size=12352)
+    lay = tensor_layout(s, [1.0, 1.0], 4096)
+    assert isinstance(lay, TensorLayout)
+    assert [share.widths["mlp"] for share in lay.shares] == [(0, 97 * 64), (97 * 64, 12352)]
+    plan = plan_cluster(checked(synth.mesh(2)), s, strategy="tensor")
+    assert plan.ok and [r.share_summary["mlp_width"] for r in plan.ranks] == [6208, 6144]
+    # a quantized width of fewer groups than ranks cannot be cut in whole groups
+    narrow = spec(QWEN_DENSE, intermediate_size=128)  # 2 groups of 64
+    refused = plan_cluster(checked(synth.mesh(3)), narrow, strategy="tensor")
+    assert not refused.ok and codes(refused, "error") == ["tp_cannot_split"]
+    assert refused.problems[0].message == (
+        "tensor parallel over 3 ranks needs mlp width 128 in at least 3 pieces of 64 columns"
+    )
+    assert "--strategy pipeline" in refused.problems[0].fix
+    assert plan_cluster(checked(synth.mesh(2)), narrow, strategy="tensor").ok  # 1 group each
+    # unquantized, any column is a cut
     unquantized = {k: v for k, v in config(QWEN_DENSE).items() if k != "quantization"}
-    assert tensor_blockers(spec_from_config({**unquantized, "intermediate_size": 12352}), 2) == []
+    bf16 = spec_from_config({**unquantized, "intermediate_size": 128})
+    lay = tensor_layout(bf16, [1.0, 1.0, 1.0], 4096)
+    assert isinstance(lay, TensorLayout)
+    assert [share.width("mlp") for share in lay.shares] == [43, 43, 42]
 
 
 def test_model_without_tensor_parallel_in_mlx_lm_uses_pipeline() -> None:
@@ -240,22 +332,34 @@ def test_local_ranks_share_this_machine() -> None:
 
 def test_model_problems_for_topology_check() -> None:
     assert model_problems(checked(synth.mesh(4)), spec(LLAMA), 4096) == []
-    over_3 = model_problems(checked(synth.mesh(3)), spec(LLAMA), 4096)
-    assert [(p.code, p.severity) for p in over_3] == [("tp_not_divisible", "warning")]
+    assert model_problems(checked(synth.mesh(3)), spec(LLAMA), 4096) == []
     big = model_problems(checked(synth.cluster(1, memory_gb=256)), spec(DEEPSEEK), 4096)
     assert [(p.code, p.severity) for p in big] == [("model_does_not_fit", "error")]
-    strict = model_problems(checked(synth.mesh(3)), spec(LLAMA), 4096, strategy="tensor")
-    assert [(p.code, p.severity) for p in strict] == [("tp_not_divisible", "error")]
+    assert model_problems(checked(synth.mesh(3)), spec(LLAMA), 4096, strategy="tensor") == []
+    few = spec(LLAMA, num_attention_heads=2, num_key_value_heads=2)
+    over_3 = model_problems(checked(synth.mesh(3)), few, 4096)
+    assert [(p.code, p.severity) for p in over_3] == [("tp_cannot_split", "warning")]
+    strict = model_problems(checked(synth.mesh(3)), few, 4096, strategy="tensor")
+    assert [(p.code, p.severity) for p in strict] == [("tp_cannot_split", "error")]
 
 
 def test_plan_json_round_trips_with_the_contract_fields() -> None:
-    plan = plan_cluster(checked(synth.mesh(3)), spec(LLAMA))
+    plan = plan_cluster(checked(synth.mesh(3)), spec(LLAMA), strategy="pipeline")
     raw = json.loads(json.dumps(plan.to_json()))
     for key in ("strategy", "backend", "ranks", "predicted_decode_tok_s", "reason", "problems"):
         assert key in raw
     assert set(raw["ranks"][0]) >= {"rank", "host", "layers", "ip", "memory_needed_bytes"}
     assert raw["layer_split"] == list(plan.layer_split or ())
+    assert "tensor_share" not in raw["ranks"][0]  # pipeline ranks hold whole layers
     assert Plan.from_json(raw) == plan
+    # a tensor plan (auto over 3 now) also says what each rank holds and reads
+    tensor = json.loads(json.dumps(plan_cluster(checked(synth.mesh(3)), spec(LLAMA)).to_json()))
+    assert tensor["strategy"] == "tensor" and tensor["layer_split"] is None
+    for r in tensor["ranks"]:
+        assert set(r) >= {"rank", "host", "layers", "ip", "memory_needed_bytes", "tensor_share"}
+        assert set(r) >= {"heads", "kv_heads", "kv_replicated", "mlp_width"}
+        assert set(r) >= {"read_bytes_per_token", "predicted_step_s"}
+    assert Plan.from_json(tensor).ranks[0].tensor_share == tensor["ranks"][0]["tensor_share"]
 
 
 def test_linux_hosts_plan_over_ring_with_their_addresses() -> None:

@@ -48,8 +48,19 @@ def test_tensor_splits_the_kv_cache_and_the_default_is_capped() -> None:
     assert budget.tokens == 8 * GIB // 81920
 
 
-def test_pipeline_counts_tokens_on_the_rank_with_the_most_layers() -> None:
+def test_uneven_tensor_counts_tokens_on_the_rank_with_the_most_kv_heads() -> None:
+    """Over 3 ranks the 8 KV heads split 3 / 3 / 2 (or with replicas): each rank's own heads."""
     p, s = plan(synth.mesh(3), LLAMA), spec(LLAMA)
+    assert p.strategy == "tensor"
+    held = [int(r.share_summary["kv_heads"]) for r in p.ranks]
+    per_head = 2 * 128 * 2 * 80  # keys and values, bf16, every layer
+    assert [rank_kv_bytes_per_token(p, r, s) for r in p.ranks] == [k * per_head for k in held]
+    budget = prefix_cache_budget(p, s, 2 * GIB)
+    assert budget.kv_bytes_per_token == max(held) * per_head
+
+
+def test_pipeline_counts_tokens_on_the_rank_with_the_most_layers() -> None:
+    p, s = plan(synth.mesh(3), LLAMA, "pipeline"), spec(LLAMA)
     assert p.strategy == "pipeline"
     most = max(r.layers[1] - r.layers[0] for r in p.ranks)
     assert most < 80

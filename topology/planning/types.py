@@ -182,7 +182,25 @@ def _rank(i: int, r: Any) -> RankPlan:
         kv_cache_bytes=_int(r.get("kv_cache_bytes", 0), "kv_cache_bytes", 0, _MAX_BYTES),
         bandwidth_gbs=float(r.get("bandwidth_gbs", 0.0)),
         tensor_share=_share(r.get("tensor_share"), f"ranks[{i}].tensor_share"),
+        share_summary=_summary(r, f"ranks[{i}]"),
+        read_bytes_per_token=_int(r.get("read_bytes_per_token", 0), "read_bytes", 0, _MAX_BYTES),
+        predicted_step_s=float(r.get("predicted_step_s", 0.0)),
     )
+
+
+_SUMMARY = ("heads", "kv_heads", "mlp_width", "expert_width", "shared_width")
+
+
+def _summary(r: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """What to_json spread from share_summary beside the share (plan.json's own fields)."""
+    if r.get("tensor_share") is None:
+        return {}
+    out: dict[str, Any] = {
+        name: _int(r[name], f"{key}.{name}", 0, 1 << 24) for name in _SUMMARY if name in r
+    }
+    if "kv_replicated" in r:
+        out["kv_replicated"] = r["kv_replicated"] is True
+    return out
 
 
 def _share(value: Any, key: str) -> dict[str, list[int]] | None:
