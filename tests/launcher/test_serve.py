@@ -25,6 +25,12 @@ __all__ = ["tiny_model"]  # the fixture (4 heads / 2 KV heads: tensor over 1 or 
 
 KEY = "test-key-123"
 PROMPT = "Hello world"
+ENUM_SCHEMA = {
+    "type": "object",
+    "properties": {"mood": {"enum": ["calm", "stormy"]}},
+    "required": ["mood"],
+    "additionalProperties": False,
+}
 FAIL_WITHIN_S = 10.0  # the promise for a request in flight when a rank dies
 RECOVER_WITHIN_S = 120.0
 
@@ -222,7 +228,8 @@ def test_batch_of_8_over_3_uneven_ranks_then_a_lost_rank_re_plans_tensor_x2(
     """6 heads / 3 KV heads: 3 ranks hold 2 heads each, and after a rank is lost 2 ranks hold 3
     heads and 2 KV heads each (one replicated). Before uneven shares this re-planned a pipeline.
     Eight concurrent chats through the official client, streamed and whole, all equal one plain
-    mlx-lm process (identical rows of a batch)."""
+    mlx-lm process (identical rows of a batch); a second turn hits the prefix cache and a
+    json_schema answer is valid, on the uneven shares."""
     model = write_tiny_model(tmp_path / "kv3", layers=4, hidden=96, heads=6, kv_heads=3)
     args = ["--local", "3", "--strategy", "tensor", "--model", str(model)]
     args += ["--job-option", "token_delay_s=0.1"]
@@ -251,6 +258,22 @@ def test_batch_of_8_over_3_uneven_ranks_then_a_lost_rank_re_plans_tensor_x2(
         for t in threads:
             t.join(120)
         assert texts == [ref.text] * 8, s.stderr[-2000:]
+        client = s.client()
+        # the prefix cache: a second turn starts from the first one's cache, on every rank
+        turn2 = [*messages, {"role": "assistant", "content": ref.text}]
+        turn2.append({"role": "user", "content": "And the mountains?"})
+        hit = client.chat.completions.create(model="m", messages=turn2, max_tokens=8, temperature=0)
+        assert hit.usage is not None and hit.usage.prompt_tokens_details is not None
+        assert (hit.usage.prompt_tokens_details.cached_tokens or 0) > 0, hit.usage
+        # a grammar: every rank samples the same constrained token
+        fmt: Any = {
+            "type": "json_schema",
+            "json_schema": {"name": "o", "schema": ENUM_SCHEMA, "strict": True},
+        }
+        out = client.chat.completions.create(
+            model="m", messages=messages, response_format=fmt, max_tokens=50, temperature=0
+        )
+        assert json.loads(out.choices[0].message.content or "")["mood"] in ("calm", "stormy")
         failed_after, _ = _fail_over(s, kill_rank=0, ranks_before=3)
         assert failed_after < FAIL_WITHIN_S
         body = s.wait_health(True, RECOVER_WITHIN_S, every_s=0.5)
