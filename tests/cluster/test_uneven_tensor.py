@@ -43,6 +43,28 @@ MODELS: dict[str, dict[str, Any]] = {
         "quantize_bits": 4,
         "group_size": 32,
     },
+    # 8-bit, groups of 64 (a head is 64 columns): an MLP of 5 groups over 3 ranks; and an
+    # 8-bit glm4_moe whose experts are 3 groups wide
+    "qwen3_q8_g64": {
+        "family": "qwen3",
+        "layers": 3,
+        "hidden": 256,
+        "heads": 4,
+        "kv_heads": 2,
+        "intermediate": 320,
+        "quantize_bits": 8,
+        "group_size": 64,
+    },
+    "glm4_moe_q8": {
+        "family": "glm4_moe",
+        "layers": 3,
+        "hidden": 256,
+        "heads": 4,
+        "kv_heads": 2,
+        "moe_intermediate": 192,
+        "quantize_bits": 8,
+        "group_size": 64,
+    },
     # the mixture-of-experts families at their default shapes (4 heads, experts 64 wide)
     **{f: {"family": f, "layers": 3} for f in ("qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss")},
 }
@@ -130,6 +152,8 @@ def sizes(share: RankShare) -> tuple[int, ...]:
         ("llama_9_3", 2),
         ("llama_9_3", 4),
         ("qwen3_q4_mlp7", 3),
+        ("qwen3_q8_g64", 3),
+        ("glm4_moe_q8", 3),
         ("qwen3_moe", 3),
         ("deepseek_v3", 3),
         ("glm4_moe", 3),
