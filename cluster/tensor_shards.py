@@ -5,7 +5,8 @@ columns its `RankShare` names (topology/planning/tensor_shares.py), so any rank 
 shares work. Layers that produce a slice ("all-to-sharded": q/k/v, gate/up) keep rows; layers
 that consume one ("sharded-to-all": o, down) keep columns and all-sum their partial outputs. A
 bias of a summed layer stays on rank 0 only, so it is added once. Quantized columns are cut in
-whole groups. Weights are still lazy here: each rank reads only its slices when they evaluate.
+whole groups. Weights are still lazy here and load.py evaluates them layer by layer: a rank keeps
+only its slices, though MLX reads each sliced tensor whole from its file first.
 """
 
 from __future__ import annotations
