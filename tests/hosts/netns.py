@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+from paths import PYTHON
 
 from hosts import openssh
 from hosts.nsops import (
@@ -63,7 +64,9 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+# The interpreter running the tests (a venv's python, not resolved): ranks and scripts in the
+# hosts use it too, as every host of a real cluster names its own in the cluster file.
+VENV_PYTHON = PYTHON
 
 
 @dataclass

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from paths import MLX_CLUSTER
 
 MEMORY_LIMIT = 1 << 30
 CASE_SECONDS = 3.0  # per case, on a slow shared machine; real parses take milliseconds
@@ -184,7 +185,7 @@ def test_hostile_inputs_give_a_result_or_one_line(target: str, tmp_path: Path) -
 
 # ---- end to end through the real CLI ------------------------------------------------------------
 
-CLI = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "mlx-cluster")
+CLI = str(MLX_CLUSTER)
 
 
 def _limited() -> None:

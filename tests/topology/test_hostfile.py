@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import synth
 from mlx._distributed_utils.common import Hostfile
-from paths import FIXTURES, ROOT
+from paths import FIXTURES, MLX_CLUSTER, MLX_LAUNCH
 
 from topology.facts import CheckResult
 from topology.model.spec import ModelSpec, spec_from_config
@@ -19,7 +19,6 @@ from topology.planning.hostfile import hostfile_json
 from topology.planning.plan import Plan, plan_cluster, plan_local
 from topology.problems import check
 
-MLX_LAUNCH = ROOT / ".venv" / "bin" / "mlx.launch"
 # Each rank prints what mlx.launch handed it: rank, backend files and coordinator.
 PRINT_ENV = (
     "import json, os\n"
@@ -161,7 +160,7 @@ def test_double_cables_written_by_plan_out_pair_up_and_mlx_reads_them(tmp_path: 
     c.cable("studio-a", "studio-b", a_ip=None, b_ip=None)  # the second a-b cable: not set up yet
     c.cable("studio-c", "studio-b")  # listed from c's side first: order must not depend on it
     snap = c.write(tmp_path / "snap")
-    cli = ROOT / ".venv" / "bin" / "mlx-cluster"
+    cli = MLX_CLUSTER
     setup = subprocess.run(
         [str(cli), "topology", "setup", "--snapshot", str(snap), "--json"],
         capture_output=True, text=True, timeout=60,
