@@ -113,7 +113,6 @@ class EmulatedHosts:
         reason = unavailable_reason(self.with_sshd)
         if reason:
             raise NamespacesUnavailable(reason)
-        clean_stale()
         try:
             self._build()
         except BaseException:
@@ -136,6 +135,7 @@ class EmulatedHosts:
 
     def _build(self) -> None:
         with lan_lock():  # tag + lan prefix must be claimed atomically against parallel runs
+            clean_stale()  # under the lock: test_netns plants fake leftovers holding it
             self.tag = self._pick_tag()
             prefix = free_lan_prefix()
             switch = f"{self.tag}-sw"

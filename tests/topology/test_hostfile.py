@@ -19,16 +19,18 @@ from topology.planning.hostfile import hostfile_json
 from topology.planning.plan import Plan, plan_cluster, plan_local
 from topology.problems import check
 
-# Each rank prints what mlx.launch handed it: rank, backend files and coordinator.
+# Each rank prints what mlx.launch handed it: rank, backend files and coordinator. One write of
+# the whole line: mlx.launch interleaves its ranks' reads, and print() under PYTHONUNBUFFERED
+# writes the text and its newline apart, so two ranks' lines could run together.
 PRINT_ENV = (
     "import json, os\n"
     "def read(name):\n"
     "    path = os.environ.get(name)\n"
     "    return json.load(open(path)) if path and os.path.getsize(path) > 1 else None\n"
-    "print(json.dumps({'rank': int(os.environ['MLX_RANK']),"
+    "os.write(1, (json.dumps({'rank': int(os.environ['MLX_RANK']),"
     " 'coordinator': os.environ.get('MLX_JACCL_COORDINATOR'),"
     " 'ring': os.environ.get('MLX_JACCL_RING'),"
-    " 'devices': read('MLX_IBV_DEVICES'), 'hostfile': read('MLX_HOSTFILE')}))\n"
+    " 'devices': read('MLX_IBV_DEVICES'), 'hostfile': read('MLX_HOSTFILE')}) + '\\n').encode())\n"
 )
 
 
