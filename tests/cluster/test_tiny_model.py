@@ -7,11 +7,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from rankrun import ROOT
+from paths import MLX_CLUSTER
 
 from cluster.tiny_model import DENSE_FAMILIES, write_tiny_model
 
-CLI = str(ROOT / ".venv" / "bin" / "mlx-cluster")
+CLI = str(MLX_CLUSTER)
 
 
 def tiny_model_cli(*args: str) -> subprocess.CompletedProcess[str]:

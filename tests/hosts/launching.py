@@ -11,9 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hosts.netns import REPO, VENV_PYTHON, EmulatedHosts
+from paths import MLX_CLUSTER
 
-CLI = REPO / ".venv" / "bin" / "mlx-cluster"
+from hosts.netns import VENV_PYTHON, EmulatedHosts
+
+CLI = MLX_CLUSTER
 
 
 def _env() -> dict[str, str]:

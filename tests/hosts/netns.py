@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+from paths import PYTHON
 
 from hosts import openssh
 from hosts.nsops import (
@@ -63,7 +64,9 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+# The interpreter running the tests (a venv's python, not resolved): ranks and scripts in the
+# hosts use it too, as every host of a real cluster names its own in the cluster file.
+VENV_PYTHON = PYTHON
 
 
 @dataclass
@@ -110,7 +113,6 @@ class EmulatedHosts:
         reason = unavailable_reason(self.with_sshd)
         if reason:
             raise NamespacesUnavailable(reason)
-        clean_stale()
         try:
             self._build()
         except BaseException:
@@ -133,6 +135,7 @@ class EmulatedHosts:
 
     def _build(self) -> None:
         with lan_lock():  # tag + lan prefix must be claimed atomically against parallel runs
+            clean_stale()  # under the lock: test_netns plants fake leftovers holding it
             self.tag = self._pick_tag()
             prefix = free_lan_prefix()
             switch = f"{self.tag}-sw"

@@ -21,11 +21,12 @@ from typing import Any
 import pytest
 import synth
 import yaml
+from paths import MLX_CLUSTER as CLI_PATH
 
-from hosts.netns import REPO, EmulatedHosts, require
+from hosts.netns import VENV_PYTHON, EmulatedHosts, require
 from topology.cluster_file import parse_cluster
 
-MLX_CLUSTER = str(REPO / ".venv" / "bin" / "mlx-cluster")
+MLX_CLUSTER = str(CLI_PATH)
 TTL_S = 2  # agents' record TTL here: a crashed agent must vanish from discover within ~this
 LINE_RE = re.compile(
     r"^mlx-cluster agent: (\S+) on ([\d.]+):(\d+) \(_mlx-cluster\._tcp\.local\.\)$"
@@ -158,7 +159,7 @@ def test_agent_serves_only_get_on_its_interface(lan: EmulatedHosts, agents: Agen
     assert request("GET", "/etc/passwd")[0] == 404
     # Bound to lan0's address only: nothing listens on the host's loopback.
     probe = f"import socket; socket.create_connection(('127.0.0.1', {a0.port}), 2)"
-    done = lan.run(0, [str(REPO / ".venv" / "bin" / "python"), "-c", probe], timeout=30)
+    done = lan.run(0, [str(VENV_PYTHON), "-c", probe], timeout=30)
     assert done.returncode != 0 and "ConnectionRefusedError" in done.stderr
     a0.proc.send_signal(signal.SIGINT)  # Ctrl-C: the same clean stop as SIGTERM
     _, err = a0.proc.communicate(timeout=15)

@@ -13,6 +13,7 @@ import pytest
 
 from hosts import openssh
 from hosts.netns import REPO, VENV_PYTHON, EmulatedHosts, clean_stale, leftovers, require
+from hosts.nsops import lan_lock
 from topology.cluster_file import ClusterSpec, parse_cluster
 
 # Connect to ip:22 from inside a host and print sshd's banner (exit 1 when unreachable).
@@ -145,20 +146,23 @@ def test_a_crashed_runs_leftovers_are_removed_by_the_next_run() -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
     tag = f"mxh{dead.pid}z"
-    subprocess.run(["ip", "netns", "add", f"{tag}-h0"], check=True)
-    subprocess.run(
-        ["ip", "link", "add", f"{tag}r", "type", "veth", "peer", "name", f"{tag}q"], check=True
-    )
-    stray = subprocess.Popen(["ip", "netns", "exec", f"{tag}-h0", "sleep", "600"])
-    try:
-        assert len(leftovers(tag)) == 3
-        clean_stale()
-        assert leftovers(tag) == []
-        assert stray.wait(timeout=10) != 0
-    finally:
-        stray.kill()
-        subprocess.run(["ip", "netns", "del", f"{tag}-h0"], capture_output=True)
-        subprocess.run(["ip", "link", "del", f"{tag}r"], capture_output=True)
+    # Held from planting to checking: another xdist worker building hosts meanwhile would clean
+    # these (dead-owner) leftovers first, since EmulatedHosts cleans stale ones under this lock.
+    with lan_lock():
+        subprocess.run(["ip", "netns", "add", f"{tag}-h0"], check=True)
+        subprocess.run(
+            ["ip", "link", "add", f"{tag}r", "type", "veth", "peer", "name", f"{tag}q"], check=True
+        )
+        stray = subprocess.Popen(["ip", "netns", "exec", f"{tag}-h0", "sleep", "600"])
+        try:
+            assert len(leftovers(tag)) == 3
+            clean_stale()
+            assert leftovers(tag) == []
+            assert stray.wait(timeout=10) != 0
+        finally:
+            stray.kill()
+            subprocess.run(["ip", "netns", "del", f"{tag}-h0"], capture_output=True)
+            subprocess.run(["ip", "link", "del", f"{tag}r"], capture_output=True)
 
 
 @pytest.mark.parametrize("ci", ["true", ""])

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import synth
+from paths import MLX_CLUSTER
 
 from hosts import openssh
 from hosts.fake_mac import NAMES
 from hosts.netns import REPO, VENV_PYTHON, EmulatedHosts
 
-CLI = REPO / ".venv" / "bin" / "mlx-cluster"
+CLI = MLX_CLUSTER
 FAKE_MAC = Path(__file__).resolve().parent / "fake_mac.py"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SETUP_COMMANDS = ("networksetup", "ifconfig")

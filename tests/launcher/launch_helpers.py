@@ -17,13 +17,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import paths
 import pytest
 
 from cluster.tiny_model import write_tiny_model
 from launcher.ranks.marked import marked_rank_pids
 
 ROOT = Path(__file__).resolve().parents[2]
-MLX_CLUSTER = str(ROOT / ".venv" / "bin" / "mlx-cluster")
+MLX_CLUSTER = str(paths.MLX_CLUSTER)
 MARKER_VAR = "MLX_CLUSTER_TEST_MARKER"
 PROMPT = "Hello world"
 LAUNCH_TIMEOUT_S = 90.0  # a whole launch, loading included; every wait is bounded

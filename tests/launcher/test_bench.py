@@ -12,6 +12,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import paths
 import pytest
 from launch_helpers import MARKER_VAR, rank_pids
 
@@ -23,7 +24,7 @@ from launcher.planning.model_source import load_model_spec
 from topology.planning.plan import plan_local
 
 ROOT = Path(__file__).resolve().parents[2]
-MLX_CLUSTER = str(ROOT / ".venv" / "bin" / "mlx-cluster")
+MLX_CLUSTER = str(paths.MLX_CLUSTER)
 RUN_TIMEOUT_S = 300.0
 TIB = 1 << 40
 CONTRACT = (

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import synth
 from mlx._distributed_utils.common import Hostfile
-from paths import FIXTURES, ROOT
+from paths import FIXTURES, MLX_CLUSTER
 
 from topology.planning.plan import Plan
 
-CLI = ROOT / ".venv" / "bin" / "mlx-cluster"
+CLI = MLX_CLUSTER
 MODELS = FIXTURES / "models"
 LLAMA = str(MODELS / "llama-3.3-70b-instruct-bf16")
 DEEPSEEK = str(MODELS / "deepseek-v3-4bit")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import synth
-from paths import ROOT
+from paths import MLX_CLUSTER, ROOT
 
-CLI = str(ROOT / ".venv" / "bin" / "mlx-cluster")
+CLI = str(MLX_CLUSTER)
 SNAPSHOTS = ROOT / "hostfiles" / "snapshots"
 
 

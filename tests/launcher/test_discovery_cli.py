@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from paths import ROOT
+from paths import MLX_CLUSTER as CLI_PATH
 
-MLX_CLUSTER = str(ROOT / ".venv" / "bin" / "mlx-cluster")
+MLX_CLUSTER = str(CLI_PATH)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

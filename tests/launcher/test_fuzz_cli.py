@@ -16,11 +16,11 @@ from pathlib import Path
 
 import click
 import pytest
-from paths import ROOT
+from paths import MLX_CLUSTER as CLI_PATH
 
 from launcher.cli.main import cli, main
 
-MLX_CLUSTER = str(ROOT / ".venv" / "bin" / "mlx-cluster")
+MLX_CLUSTER = str(CLI_PATH)
 CASE_TIMEOUT_S = 5.0  # one in-process case; click refuses in milliseconds
 RUN_TIMEOUT_S = 30.0  # one real process (imports included)
 NOWHERE = "/nonexistent/mlx-cluster-fuzz"

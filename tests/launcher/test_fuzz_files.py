@@ -12,6 +12,7 @@ A handful then run end to end through the real CLI, under the same memory limit.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import resource
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from paths import MLX_CLUSTER
 
+TESTS = Path(__file__).resolve().parents[1]
 MEMORY_LIMIT = 1 << 30
 CASE_SECONDS = 3.0  # per case, on a slow shared machine; real parses take milliseconds
 MAX_MESSAGE = 300
@@ -157,9 +160,12 @@ TARGETS = ["cluster", "host_yaml", "probe_files", "config", "index", "calibratio
 @pytest.mark.parametrize("target", TARGETS)
 def test_hostile_inputs_give_a_result_or_one_line(target: str, tmp_path: Path) -> None:
     started = time.monotonic()
+    # The child runs this file as a script: tests/ (for paths.py) goes on its path too.
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
     done = subprocess.run(
         [sys.executable, __file__, target, str(tmp_path), "14"],
         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": path},
     )  # fmt: skip
     assert done.returncode == 0, f"child died ({done.returncode}): {done.stderr[-3000:]}"
     report = json.loads(done.stdout)
@@ -184,7 +190,7 @@ def test_hostile_inputs_give_a_result_or_one_line(target: str, tmp_path: Path) -
 
 # ---- end to end through the real CLI ------------------------------------------------------------
 
-CLI = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "mlx-cluster")
+CLI = str(MLX_CLUSTER)
 
 
 def _limited() -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import synth
 import yaml
-from paths import FIXTURES, ROOT
+from paths import FIXTURES, MLX_CLUSTER
 
 from cluster.tiny_model import write_tiny_model
 from launcher.planning.cluster_plan import TEST_WIRED_LIMIT_ENV
 
-CLI = ROOT / ".venv" / "bin" / "mlx-cluster"
+CLI = MLX_CLUSTER
 LLAMA = str(FIXTURES / "models" / "llama-3.3-70b-instruct-bf16")  # about 132 GiB of weights
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import synth
 from mlx._distributed_utils.common import Hostfile
-from paths import FIXTURES, ROOT
+from paths import FIXTURES, MLX_CLUSTER, MLX_LAUNCH
 
 from topology.facts import CheckResult
 from topology.model.spec import ModelSpec, spec_from_config
@@ -19,17 +19,18 @@ from topology.planning.hostfile import hostfile_json
 from topology.planning.plan import Plan, plan_cluster, plan_local
 from topology.problems import check
 
-MLX_LAUNCH = ROOT / ".venv" / "bin" / "mlx.launch"
-# Each rank prints what mlx.launch handed it: rank, backend files and coordinator.
+# Each rank prints what mlx.launch handed it: rank, backend files and coordinator. One write of
+# the whole line: mlx.launch interleaves its ranks' reads, and print() under PYTHONUNBUFFERED
+# writes the text and its newline apart, so two ranks' lines could run together.
 PRINT_ENV = (
     "import json, os\n"
     "def read(name):\n"
     "    path = os.environ.get(name)\n"
     "    return json.load(open(path)) if path and os.path.getsize(path) > 1 else None\n"
-    "print(json.dumps({'rank': int(os.environ['MLX_RANK']),"
+    "os.write(1, (json.dumps({'rank': int(os.environ['MLX_RANK']),"
     " 'coordinator': os.environ.get('MLX_JACCL_COORDINATOR'),"
     " 'ring': os.environ.get('MLX_JACCL_RING'),"
-    " 'devices': read('MLX_IBV_DEVICES'), 'hostfile': read('MLX_HOSTFILE')}))\n"
+    " 'devices': read('MLX_IBV_DEVICES'), 'hostfile': read('MLX_HOSTFILE')}) + '\\n').encode())\n"
 )
 
 
@@ -161,7 +162,7 @@ def test_double_cables_written_by_plan_out_pair_up_and_mlx_reads_them(tmp_path: 
     c.cable("studio-a", "studio-b", a_ip=None, b_ip=None)  # the second a-b cable: not set up yet
     c.cable("studio-c", "studio-b")  # listed from c's side first: order must not depend on it
     snap = c.write(tmp_path / "snap")
-    cli = ROOT / ".venv" / "bin" / "mlx-cluster"
+    cli = MLX_CLUSTER
     setup = subprocess.run(
         [str(cli), "topology", "setup", "--snapshot", str(snap), "--json"],
         capture_output=True, text=True, timeout=60,

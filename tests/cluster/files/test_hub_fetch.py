@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import paths
 import pytest
 from fake_hub import FakeHub, Repo, fake_hub
 from rankrun import ROOT, Rank, Ranks, free_ports, ring_jobs
@@ -29,7 +30,7 @@ from cluster.tiny_model import write_tiny_model
 REPO = "org/tiny"
 LAYERS, SPLIT, MAX_TOKENS = 4, (1, 3), 8
 RANK_TIMEOUT_S = 90.0
-MLX_CLUSTER = str(ROOT / ".venv" / "bin" / "mlx-cluster")
+MLX_CLUSTER = str(paths.MLX_CLUSTER)
 
 
 def hub_env(url: str, home: Path) -> dict[str, str]:
