@@ -26,13 +26,14 @@ SLOWEST_FIRST = [
     "tests/launcher/test_serve_hosts.py",  # 243 s
     "tests/hosts/test_model_share.py",  # 239 s
     "tests/hosts/test_multihost.py",  # 210 s
+    "tests/cluster/test_uneven_tensor.py",  # ~150 s (17 multi-rank runs)
+    "tests/launcher/test_launch.py",  # ~110 s with the real model's demo
     "tests/launcher/test_serve_tool_cuts.py",  # 91 s
     "tests/hosts/test_setup_apply.py",  # 87 s
     "tests/cluster/test_rank_decode.py",  # 71 s
     "tests/hosts/test_discovery.py",  # 63 s
     "tests/launcher/test_bench.py",  # 60 s
     "tests/launcher/test_serve_memory.py",  # 47 s
-    "tests/launcher/test_launch.py",  # 47 s
     "tests/launcher/test_draft_model.py",  # 45 s
     "tests/launcher/test_dashboard_hosts.py",  # 43 s
     "tests/launcher/test_serve.py",  # 41 s
