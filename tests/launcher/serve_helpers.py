@@ -95,7 +95,7 @@ class Server(CliProcess):
         return time.monotonic() - start
 
     def client(self, api_key: str = "none") -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=60)
+        return openai.OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=180)
 
     def stop(self) -> int | None:
         """SIGTERM, as a service manager would; SIGKILL if it does not end in time."""

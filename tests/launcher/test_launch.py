@@ -100,16 +100,20 @@ def test_plan_dir_from_the_plan_command(
     assert out["tokens"] == single["tokens"]
 
 
-def test_no_valid_plan_exits_1_with_the_reason(tiny_model: Path) -> None:
-    # 4 heads do not split over 3 ranks.
+def test_no_valid_plan_exits_1_with_the_reason(tmp_path: Path) -> None:
+    # 2 query heads cannot go to 3 ranks, however unevenly.
+    from cluster.tiny_model import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "h2", layers=2, hidden=32, heads=2, kv_heads=1)
     done = cli(
-        "launch", "--local", "3", "--strategy", "tensor", "--model", str(tiny_model),
+        "launch", "--local", "3", "--strategy", "tensor", "--model", str(model),
         "--prompt", PROMPT,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1
-    assert "no valid plan" in done.stderr and "3" in done.stderr
+    assert "no valid plan" in done.stderr
+    assert "needs at least 3 attention heads (the model has 2)" in done.stderr
 
 
 def test_long_prompt_shows_prompt_progress_on_stderr_only(tiny_model: Path) -> None:
