@@ -16,7 +16,6 @@ from topology.chips import (
     DECODE_BANDWIDTH_EFFICIENCY,
     BackendCost,
     host_bandwidth_gbs,
-    step_overhead_s,
     usable_memory_bytes,
 )
 from topology.errors import InputError
@@ -33,7 +32,7 @@ from topology.planning.hostfile import RDMA_BACKENDS, missing_devices, rdma_matr
 from topology.planning.memory_input import check_weights_fit, check_wired_limits
 from topology.planning.options import Option, pipeline_option, tensor_option
 from topology.planning.placement import Slot
-from topology.planning.predict import tok_s
+from topology.planning.predict import tensor_comms_s, tok_s
 from topology.planning.tensor_costs import share_summary
 from topology.planning.types import DEFAULT_CONTEXT, Plan, RankPlan
 from topology.problems import unknown_hosts
@@ -179,7 +178,7 @@ def _tensor_fields(option: Option, r: int, cost: BackendCost, spec: ModelSpec) -
     share = option.layout.shares[r]
     n = len(option.loads)
     busy = sum(phase[r] for phase in option.phases) / DECODE_BANDWIDTH_EFFICIENCY
-    comms = 2 * spec.layers * cost.all_reduce_s(n, spec.hidden * 2) + step_overhead_s(n)
+    comms = tensor_comms_s(spec, n, cost)
     return {
         "tensor_share": share.to_json(),
         "share_summary": share_summary(share, option.layout),

@@ -35,10 +35,13 @@ def tensor_seconds(
 ) -> tuple[float, float]:
     """(predicted, roofline) seconds per token for tensor parallel: each phase (attention, MLP,
     the head) lasts as long as its slowest rank, then the all-reduces."""
-    n = len(costs)
     roofline = sum(max(phase) for phase in phase_seconds(costs, bandwidths_gbs))
-    comms = 2 * spec.layers * cost.all_reduce_s(n, _message_bytes(spec)) + step_overhead_s(n)
-    return roofline / DECODE_BANDWIDTH_EFFICIENCY + comms, roofline
+    return roofline / DECODE_BANDWIDTH_EFFICIENCY + tensor_comms_s(spec, len(costs), cost), roofline
+
+
+def tensor_comms_s(spec: ModelSpec, n: int, cost: BackendCost) -> float:
+    """A token's all-reduces over n tensor ranks (2 per layer) and the step's own overhead."""
+    return 2 * spec.layers * cost.all_reduce_s(n, _message_bytes(spec)) + step_overhead_s(n)
 
 
 def pipeline_seconds(
