@@ -17,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from cluster import attention_blocks
 from topology.errors import InputError
 from topology.planning.tensor_shares import HeadGrid, RankShare
 
@@ -56,7 +57,7 @@ def _attention(attn: nn.Module, share: RankShare, grid: HeadGrid, group: Any, ra
         attn.num_heads = len(heads)
     else:
         _rows(attn.q_proj, _blocks(heads, _out_dims(attn.q_proj) // grid.heads))
-        kv = list(range(*share.kv))
+        kv = share.kv_heads()
         for proj in (attn.k_proj, attn.v_proj):
             _rows(proj, _blocks(kv, _out_dims(proj) // grid.kv_heads))
         if hasattr(attn, "sinks"):  # gpt-oss: one learned sink logit per head
@@ -65,6 +66,8 @@ def _attention(attn: nn.Module, share: RankShare, grid: HeadGrid, group: Any, ra
             attn.num_key_value_groups = len(heads) // len(kv)
         else:
             attn.n_heads, attn.n_kv_heads = len(heads), len(kv)
+        if len(share.blocks) > 1:
+            attention_blocks.install(attn, share.calls())
     per_head = _in_dims(attn.o_proj) // grid.heads
     _cols(attn.o_proj, _runs(heads, per_head), rank)
     attn.o_proj = SumOut(attn.o_proj, group)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +61,23 @@ class ServeRanks:
 
 @contextmanager
 def serving(
-    model: Path, n: int, strategy: str, early: list[dict[str, Any]] = (), **options: Any
+    model: Path,
+    n: int,
+    strategy: str,
+    early: list[dict[str, Any]] = (),
+    shares: list[dict[str, Any]] | None = None,
+    **options: Any,
 ) -> Iterator[ServeRanks]:
     """n serve-mode ranks; `early` request lines reach rank 0 before it has loaded, so its
-    first decision admits them together (a static batch)."""
-    ranks = Ranks(ring_jobs(n, model, strategy=strategy, mode="serve", options=options))
+    first decision admits them together (a static batch). `shares`: tensor shares as a plan
+    hands them to the jobs (else each rank takes its own)."""
+    jobs = ring_jobs(n, model, strategy=strategy, mode="serve", options=options)
+    if shares is not None:
+        jobs = [
+            replace(job, tensor_share=share, tensor_layout=shares)
+            for job, share in zip(jobs, shares, strict=True)
+        ]
+    ranks = Ranks(jobs)
     served = ServeRanks(ranks)
     for body in early:
         served.line(body)

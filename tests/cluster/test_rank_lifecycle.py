@@ -206,10 +206,11 @@ def test_uneven_tensor_shapes_split(config: dict, size: int) -> None:
 def test_a_planned_share_is_checked_against_the_model() -> None:
     from topology.errors import InputError
 
-    given = {"kv": [0, 2], "cols": [0, 1], "mlp": [0, 1024]}
+    given = {"attention": [[0, 2, 0, 1]], "mlp": [0, 1024]}
     share, _ = tensor_share(SHAPE_BASE, 0, 2, given)
-    assert (share.kv, share.cols, share.widths["mlp"]) == ((0, 2), (0, 1), (0, 1024))
-    for bad in ({**given, "kv": [6, 9]}, {**given, "mlp": [0, 4096]}, {**given, "q": [0, 1]}):
+    assert (share.blocks, share.widths["mlp"]) == ((((0, 2), (0, 1)),), (0, 1024))
+    bad_kv = {**given, "attention": [[6, 9, 0, 1]]}
+    for bad in (bad_kv, {**given, "mlp": [0, 4096]}, {**given, "q": [0, 1]}):
         with pytest.raises(InputError, match="re-plan"):
             tensor_share(SHAPE_BASE, 0, 2, bad)
 

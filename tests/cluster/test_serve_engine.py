@@ -5,10 +5,13 @@ get their solo tokens, and a prefix-cache hit changes nothing but the work done.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 from serving import batch_reference, logit_gap, request, serving
+
+from topology.planning.tensor_shares import RankShare
 
 PROMPTS = [
     [5, 17, 42, 8, 99, 3, 61, 27],
@@ -44,6 +47,28 @@ def test_a_batch_of_8_over_3_uneven_tensor_ranks_gives_batch_generate_tokens(
     expected = batch_reference(model, prompts, MAX_TOKENS)
     early = [request(f"r{i}", p, MAX_TOKENS) for i, p in enumerate(prompts)]
     with serving(model, 3, "tensor", early) as ranks:
+        got = [ranks.done(f"r{i}")["token_ids"] for i in range(len(prompts))]
+    assert got == expected
+
+
+def test_a_batch_over_shares_of_several_attention_calls_gives_batch_generate_tokens(
+    tiny: Callable[[str], Path],
+) -> None:
+    """8 heads / 4 KV heads as runs across KV rows: heads 0-2, 3-5, 6-7 (two calls on ranks 0
+    and 1, KV head 1 on both): the batch's masks and caches split by call too."""
+    from topology.planning.head_tiling import run_blocks
+
+    model = tiny("llama")
+    prompts = PROMPTS + [p[::-1] for p in PROMPTS]
+    expected = batch_reference(model, prompts, MAX_TOKENS)
+    bounds, mlp = (0, 3, 6, 8), (0, 96, 192, 256)
+    shares = [
+        RankShare(run_blocks(a, b, 2), {"mlp": (c, d)}).to_json()
+        for (a, b), (c, d) in zip(pairwise(bounds), pairwise(mlp), strict=True)
+    ]
+    assert [len(s["attention"]) for s in shares] == [2, 2, 1]
+    early = [request(f"r{i}", p, MAX_TOKENS) for i, p in enumerate(prompts)]
+    with serving(model, 3, "tensor", early, shares=shares) as ranks:
         got = [ranks.done(f"r{i}")["token_ids"] for i in range(len(prompts))]
     assert got == expected
 

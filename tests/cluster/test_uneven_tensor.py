@@ -21,6 +21,7 @@ from references import PROMPT, Reference, reference
 from cluster.load import tensor_share
 from cluster.tiny_model import write_tiny_model
 from topology.model.spec import spec_from_config
+from topology.planning.head_tiling import run_blocks
 from topology.planning.tensor_costs import tensor_layout
 from topology.planning.tensor_shares import RankShare
 
@@ -67,6 +68,18 @@ MODELS: dict[str, dict[str, Any]] = {
     },
     # the mixture-of-experts families at their default shapes (4 heads, experts 64 wide)
     **{f: {"family": f, "layers": 3} for f in ("qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss")},
+    # 16 heads / 4 KV heads: room for runs of heads across KV rows (several calls a rank)
+    "llama_16_4": {"family": "llama", "layers": 3, "hidden": 256, "heads": 16, "kv_heads": 4},
+    "gpt_oss_16_4": {"family": "gpt_oss", "layers": 2, "hidden": 256, "heads": 16, "kv_heads": 4},
+    "qwen3_q4_16_4": {
+        "family": "qwen3",
+        "layers": 3,
+        "hidden": 256,
+        "heads": 16,
+        "kv_heads": 4,
+        "quantize_bits": 4,
+        "group_size": 32,
+    },
 }
 WORST: dict[str, float] = {}  # test id -> worst logit difference (printed at the end)
 
@@ -134,7 +147,13 @@ def check_tiles(shares: list[RankShare], cfg: dict[str, Any]) -> None:
     heads = spec.heads
     kv = 1 if spec.is_mla else spec.kv_heads
     group = heads // kv
-    held = sorted(k * group + c for s in shares for k in range(*s.kv) for c in range(*s.cols))
+    held = sorted(
+        k * group + c
+        for s in shares
+        for kv, cols in s.blocks
+        for k in range(*kv)
+        for c in range(*cols)
+    )
     assert held == list(range(heads))
     for name in shares[0].widths:
         spans = [s.widths[name] for s in shares]
@@ -220,6 +239,38 @@ def test_planned_unequal_shares_match_single_process(
         assert peaks[0] > heavier * peaks[1], peaks
 
 
+@pytest.mark.parametrize("name", ["llama_16_4", "gpt_oss_16_4", "qwen3_q4_16_4"])
+def test_runs_of_heads_across_kv_rows_match_single_process(
+    model: Callable[[str], Path], name: str
+) -> None:
+    """Heads 0-5 (KV head 0 whole, 2 of KV head 1), 6-13 (2 of KV head 1, KV head 2 whole, 2
+    of KV head 3: three attention calls) and 14-15: KV heads 1 and 3 are replicated, each
+    rank's calls joined in head order, sinks (gpt-oss) and quantized o columns following."""
+    path = model(name)
+    cfg = config(path)
+    bounds = (0, 6, 14, 16)
+    calls = [run_blocks(a, b, 4) for a, b in itertools.pairwise(bounds)]
+    assert [len(c) for c in calls] == [2, 3, 1]
+    planned = tensor_layout(spec_from_config(cfg), [1.0] * 3, 4096)
+    assert not isinstance(planned, str), planned
+    shares = [
+        RankShare(blocks, share.widths) for blocks, share in zip(calls, planned.shares, strict=True)
+    ]
+    check_tiles(shares, cfg)
+    layout = [share.to_json() for share in shares]
+    jobs = ring_jobs(
+        3, path, "tensor", prompt=PROMPT, max_tokens=MAX_TOKENS, options={"return_logits": STEPS}
+    )
+    jobs = [
+        replace(job, tensor_share=share, tensor_layout=layout)
+        for job, share in zip(jobs, layout, strict=True)
+    ]
+    ranks = run_ranks(jobs)
+    WORST[f"{name} runs x3"] = check_same_as_single_process(
+        ranks, expected(path), MODELS[name]["layers"]
+    )
+
+
 @pytest.fixture(scope="module")
 def smollm2_f32(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from cluster.gguf.write import import_gguf
@@ -257,11 +308,11 @@ def test_smollm2_float32_over_two_ranks(smollm2_f32: Path) -> None:
     ("name", "bad", "says"),
     [
         # 4 KV heads: rank 0 asks for a fifth
-        ("llama_8_4", {"kv": [0, 5], "cols": [0, 2], "mlp": [0, 128]}, "kv [0, 5]"),
+        ("llama_8_4", {"attention": [[0, 5, 0, 2]], "mlp": [0, 128]}, "kv [0, 5]"),
         # the MLP is 7 groups of 32: a span ending mid-group cannot be cut from 4-bit weights
         (
             "qwen3_q4_mlp7",
-            {"kv": [0, 1], "cols": [0, 2], "mlp": [0, 100]},
+            {"attention": [[0, 1, 0, 2]], "mlp": [0, 100]},
             "cuts a quantization group of 32",
         ),
     ],

@@ -83,8 +83,9 @@ def test_readable_plan_shows_table_reason_and_problems(mesh3: Path, two_heads: P
     assert "Why: tensor over 3 is fastest: " in text and " for pipeline" in text
     assert "rank  host" in text and "needed" in text and "usable" in text
     assert "share of each layer" in text and "read/token" in text and "step" in text
-    # 64 heads, 8 KV heads over 3: uneven rectangles, the KV heads cut are replicated
-    assert " heads, " in text and " KV (replicated), mlp " in text
+    # 64 heads, 8 KV heads over 3: runs of heads across KV rows, the KV heads cut replicated
+    assert " heads in 2 calls, " in text and " heads in 3 calls, " in text
+    assert " KV (replicated), mlp " in text
     assert "shares follow each host's memory bandwidth" in text
     assert "Problems:" not in text and "tp_" not in text
     assert "Predicted decode:" in text

@@ -122,8 +122,8 @@ def test_qwen3_235b_has_4_kv_heads_and_tensor_over_8_replicates_them() -> None:
     assert [s["heads"] for s in summaries] == [8] * 8
     assert [s["kv_heads"] for s in summaries] == [1] * 8
     assert all(s["kv_replicated"] for s in summaries)
-    assert sorted((tuple(s["kv"]), tuple(s["cols"])) for s in shares if s) == [
-        ((k, k + 1), c) for k in range(4) for c in ((0, 8), (8, 16))
+    assert sorted(tuple(b) for s in shares if s for b in s["attention"]) == [
+        (k, k + 1, *c) for k in range(4) for c in ((0, 8), (8, 16))
     ]
     # 1536 expert columns = 24 groups of 64: 3 groups each, back to back
     assert [tuple(s["expert"]) for s in shares if s] == [(192 * i, 192 * (i + 1)) for i in range(8)]

@@ -22,7 +22,11 @@ def _share(r: RankPlan) -> str:
         return "-"
     kv = f"{s['kv_heads']} KV" + (" (replicated)" if s.get("kv_replicated") else "")
     widths = [f"{name.removesuffix('_width')} {s[name]}" for name in s if name.endswith("_width")]
-    return ", ".join([f"{s['heads']} heads", kv, *widths])
+    calls = s.get("attention_calls", 1)
+    heads = f"{s['heads']} heads" + (
+        f" in {calls} calls" if isinstance(calls, int) and calls > 1 else ""
+    )
+    return ", ".join([heads, kv, *widths])
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:

@@ -16,6 +16,9 @@ from topology.model.spec import KV_CACHE_DTYPE_BYTES, ModelSpec
 from topology.planning.tensor_shares import WIDTHS, HeadGrid, RankShare, TensorLayout, layout
 
 MEMORY_ROUNDS = 4  # re-balancing rounds for ranks whose share does not fit their memory
+# An attention call beyond a rank's first on a layer (a share of several blocks): assumed ~1 us
+# of GPU dispatch, about what a Mac reads in that time at its measured decode efficiency.
+EXTRA_CALL_BYTES = 0.5e6
 
 
 def _cache_size(spec: ModelSpec) -> int:
@@ -33,18 +36,36 @@ def _head_elements(spec: ModelSpec) -> tuple[int, int]:
     return 2 * h * spec.head_dim, 2 * h * spec.head_dim
 
 
+def _mla_whole(spec: ModelSpec, pb: float) -> float:
+    """MLA's q_a and kv_a down-projections: whole on every rank (bytes a layer)."""
+    if not spec.is_mla:
+        return 0.0
+    h, latent = spec.hidden, spec.kv_lora_rank or 0
+    return (h * (spec.q_lora_rank or 0) + h * (latent + spec.qk_rope_head_dim)) * pb
+
+
+def _cache_per_kv(spec: ModelSpec) -> int:
+    """KV cache bytes per token of context per KV head held (MLA: its whole latent cache)."""
+    if spec.is_mla:
+        return ((spec.kv_lora_rank or 0) + spec.qk_rope_head_dim) * _cache_size(spec)
+    return 2 * spec.head_dim * _cache_size(spec)
+
+
 def grid_for(spec: ModelSpec, context: int) -> HeadGrid:
-    """The attention grid with the bytes a query head and a KV head read per token."""
+    """The attention grid with the bytes a query head and a KV head read per token. MLA's one
+    "KV head" is what every rank reads whole (the latent cache, the down-projections), so
+    a slower rank's share is sized with it."""
     pb = spec.param_bytes(spec.bits) * spec.scale
     q, kv = _head_elements(spec)
-    cache = 0 if spec.is_mla else 2 * spec.head_dim * _cache_size(spec) * context
+    cache = _cache_per_kv(spec) * context
     return HeadGrid(
         heads=spec.heads,
         kv_heads=1 if spec.is_mla else spec.kv_heads,
         out_dim=spec.v_head_dim if spec.is_mla else spec.head_dim,
         group_size=spec.group_size if spec.bits < 16 else None,
         q_cost=q * pb,
-        kv_cost=kv * pb + cache,
+        kv_cost=kv * pb + cache + _mla_whole(spec, pb),
+        call_cost=EXTRA_CALL_BYTES,
     )
 
 
@@ -93,6 +114,7 @@ class RankCost:
     attention_read: float  # bytes read per token in the attention phases (all layers)
     mlp_read: float  # ... in the MLP / expert phases (all layers)
     outside_read: float  # embedding row, LM head, final norm
+    extra_calls: int = 0  # attention calls a token beyond one a layer (a share of several blocks)
 
     @property
     def read_bytes(self) -> float:
@@ -102,22 +124,16 @@ class RankCost:
 def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCost]:
     pb = spec.param_bytes(spec.bits) * spec.scale
     q, kv = _head_elements(spec)
-    h, size = spec.hidden, _cache_size(spec)
+    h = spec.hidden
     norms = 2 * h * spec.dtype_bytes * spec.scale
-    mla_shared = 0.0
-    if spec.is_mla:  # q_a and kv_a down-projections: whole on every rank
-        rank_dim = spec.kv_lora_rank or 0
-        mla_shared = (h * (spec.q_lora_rank or 0) + h * (rank_dim + spec.qk_rope_head_dim)) * pb
+    mla_shared = _mla_whole(spec, pb)
     sparse = len(spec.sparse_layers)
     dense = spec.layers - sparse
     router = spec.experts * h * spec.param_bytes(router_bits(spec)) * spec.scale
     out = []
     for share in lay.shares:
         attn = share.n_heads * q * pb + share.n_kv * kv * pb + mla_shared + norms
-        if spec.is_mla:
-            cache = ((spec.kv_lora_rank or 0) + spec.qk_rope_head_dim) * size
-        else:
-            cache = share.n_kv * 2 * spec.head_dim * size
+        cache = share.n_kv * _cache_per_kv(spec)
         mlp = 3 * h * share.width("mlp") * pb
         expert = 3 * h * share.width("expert") * pb
         shared = 3 * h * share.width("shared") * pb
@@ -130,6 +146,7 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
                 attention_read=spec.layers * (attn + cache * context),
                 mlp_read=read_mlp,
                 outside_read=spec.outside_layers_active_bytes,
+                extra_calls=(len(share.blocks) - 1) * spec.layers,
             )
         )
     return out
@@ -138,7 +155,7 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
 def phase_seconds(costs: Sequence[RankCost], bandwidths_gbs: Sequence[float]) -> list[list[float]]:
     """Per phase (attention, MLP, outside), each rank's seconds per token at full bandwidth."""
     phases = (
-        [c.attention_read for c in costs],
+        [c.attention_read + c.extra_calls * EXTRA_CALL_BYTES for c in costs],
         [c.mlp_read for c in costs],
         [c.outside_read for c in costs],
     )
@@ -177,10 +194,10 @@ def balanced_layout(
 
 def share_summary(share: RankShare, lay: TensorLayout) -> dict[str, object]:
     """What the plan shows of one rank's share."""
-    replicated = lay.grid.kv_heads > 1 and share.cols != (0, lay.grid.group)
     return {
         "heads": share.n_heads,
         "kv_heads": share.n_kv,
-        "kv_replicated": replicated or lay.grid.kv_heads == 1,
+        "kv_replicated": share.replicated(lay.grid),
+        "attention_calls": len(share.blocks),
         **{f"{name}_width": share.width(name) for name in share.widths},
     }

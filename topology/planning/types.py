@@ -188,7 +188,7 @@ def _rank(i: int, r: Any) -> RankPlan:
     )
 
 
-_SUMMARY = ("heads", "kv_heads", "mlp_width", "expert_width", "shared_width")
+_SUMMARY = ("heads", "kv_heads", "attention_calls", "mlp_width", "expert_width", "shared_width")
 
 
 def _summary(r: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -203,14 +203,21 @@ def _summary(r: Mapping[str, Any], key: str) -> dict[str, Any]:
     return out
 
 
-def _share(value: Any, key: str) -> dict[str, list[int]] | None:
+def _share(value: Any, key: str) -> dict[str, Any] | None:
     """A tensor share's shape (the rank checks its ranges against the model)."""
     if value is None:
         return None
-    if not isinstance(value, Mapping) or set(value) - {"kv", "cols", "mlp", "expert", "shared"}:
-        raise ValueError(f"{key}: must be an object of kv, cols, mlp, expert, shared ranges")
-    out = {}
+    if not isinstance(value, Mapping) or set(value) - {"attention", "mlp", "expert", "shared"}:
+        raise ValueError(f"{key}: must be an object of attention blocks and mlp, expert, shared")
+    out: dict[str, Any] = {}
     for name, span in value.items():
+        if name == "attention":
+            if not isinstance(span, list) or not all(
+                isinstance(b, list) and len(b) == 4 for b in span
+            ):
+                raise ValueError(f"{key}.attention: must be a list of [kv, kv, col, col] blocks")
+            out[name] = [[_int(v, f"{key}.attention", 0, 1 << 24) for v in b] for b in span]
+            continue
         if not isinstance(span, list) or len(span) != 2:
             raise ValueError(f"{key}.{name}: must be [start, end]")
         out[name] = [_int(v, f"{key}.{name}", 0, 1 << 24) for v in span]
