@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from topology.host_rates import HostRates
+
 RdmaState = Literal["enabled", "disabled", "unknown"]
 PortState = Literal["active", "down", "unknown"]
 Severity = Literal["error", "warning"]
@@ -28,7 +30,8 @@ SNAPSHOT_FILES = (
 # Optional files: a snapshot without them is complete (they add checks, never a probe_missing).
 VERSIONS_FILE = "versions.txt"  # `name version` per line, from the host's configured python
 BLAS_FILE = "blas.txt"  # Linux hosts: the BLAS a rank would use (topology/checks/blas.py)
-OPTIONAL_SNAPSHOT_FILES = (VERSIONS_FILE, BLAS_FILE)
+RATES_FILE = "rates.json"  # measured rates (`python -m cluster.microbench`, topology/host_rates.py)
+OPTIONAL_SNAPSHOT_FILES = (VERSIONS_FILE, BLAS_FILE, RATES_FILE)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class HostFacts:
     bandwidth_gbs: float | None = None  # memory bandwidth override (GB/s)
     software: Software | None = None  # None: versions.txt not recorded (nothing to compare)
     blas: str | None = None  # blas.txt of a host that is not a Mac: "openblas PATH", "reference"
+    rates: HostRates | None = None  # rates.json: measured bandwidth and matmul throughput
 
     def rdma_device(self, iface: str | None) -> RdmaDevice | None:
         if iface is None:

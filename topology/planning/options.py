@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from topology.chips import GIB, BackendCost, max_wired_bytes
 from topology.facts import Problem
+from topology.host_rates import weight_kind
 from topology.model.spec import ModelSpec
 from topology.planning.placement import (
     RankLoad,
@@ -16,8 +17,8 @@ from topology.planning.placement import (
     split_layers,
     tensor_loads,
 )
-from topology.planning.predict import pipeline_seconds, tensor_seconds, tok_s
-from topology.planning.tensor_costs import RankCost, balanced_layout, phase_seconds, rank_costs
+from topology.planning.predict import pipeline_seconds, tensor_phases, tensor_seconds, tok_s
+from topology.planning.tensor_costs import RankCost, balanced_layout, rank_costs
 from topology.planning.tensor_shares import TensorLayout
 
 
@@ -30,7 +31,7 @@ class Option:
     problems: tuple[Problem, ...]
     blocker: str  # why it is invalid, as one phrase ("" when valid)
     layout: TensorLayout | None = None  # tensor: every rank's heads and widths
-    # tensor: per phase (attention, MLP, head), each rank's seconds per token at full bandwidth
+    # tensor: per phase (attention, MLP, head), each rank's predicted seconds per token
     phases: tuple[tuple[float, ...], ...] = ()
 
     @property
@@ -47,6 +48,12 @@ def gib(n: float) -> str:
     if n < GIB:
         return f"{n / (1 << 20):.1f} MiB"
     return f"{n / GIB:.1f} GiB" if n < 10 * GIB else f"{n / GIB:.0f} GiB"
+
+
+def decode_gflops(spec: ModelSpec, slots: Sequence[Slot], rows: int = 1) -> list[float | None]:
+    """Each rank's measured matmul throughput for this model's weights at `rows` rows."""
+    kind = weight_kind("float32" if spec.dtype_bytes == 4 else "bfloat16", spec.bits)
+    return [s.gflops(kind, rows) for s in slots]
 
 
 def _hosts(slots: Sequence[Slot]) -> tuple[str, ...]:
@@ -165,8 +172,9 @@ def tensor_option(
     fit, fit_blocker = _fit_problems(spec, slots, loads, "tensor")
     if fit:
         return Option("tensor", loads, None, None, tuple(fit), fit_blocker, lay)
-    seconds, roofline = tensor_seconds(spec, costs, bandwidths, cost)
-    phases = tuple(tuple(p) for p in phase_seconds(costs, bandwidths))
+    gflops = decode_gflops(spec, slots)
+    seconds, roofline = tensor_seconds(spec, costs, bandwidths, cost, gflops)
+    phases = tuple(tuple(p) for p in tensor_phases(costs, bandwidths, gflops))
     return Option("tensor", loads, seconds, roofline, (), "", lay, phases)
 
 
@@ -193,6 +201,6 @@ def pipeline_option(
         return Option("pipeline", loads, None, None, tuple(fit), blocker)
     stages = [load.layers for load in loads]
     seconds, roofline = pipeline_seconds(
-        spec, stages, [s.bandwidth_gbs for s in slots], cost, context
+        spec, stages, [s.bandwidth_gbs for s in slots], cost, context, decode_gflops(spec, slots)
     )
     return Option("pipeline", loads, seconds, roofline, (), "")

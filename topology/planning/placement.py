@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topology.chips import GIB
+from topology.host_rates import HostRates
 from topology.model.spec import ModelSpec
 from topology.planning.tensor_costs import RankCost
 
@@ -31,6 +32,15 @@ class Slot:
     memory_checked: bool = True
     # True when usable_bytes is a wired limit someone set (too small for the weights: bad input).
     limit_given: bool = False
+    rates: HostRates | None = None  # measured on the host (None: compute not modelled)
+    compute_fraction: float = 1.0  # the share of the host's compute this rank gets (--local N)
+
+    def gflops(self, kind: str, rows: int) -> float | None:
+        """This rank's matmul throughput at `rows` rows, when its host was measured."""
+        if self.rates is None:
+            return None
+        g = self.rates.gflops(kind, rows)
+        return g * self.compute_fraction if g else None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from typing import Any
 from topology.addresses import rank_addresses
 from topology.chips import (
     BACKENDS,
-    DECODE_BANDWIDTH_EFFICIENCY,
     BackendCost,
     host_bandwidth_gbs,
     usable_memory_bytes,
@@ -96,12 +95,25 @@ def _assumptions(
         if not h.is_mac and usable_memory_bytes(h) is None
     ]
     unchecked += calibration_notes(calibration, [h.name for h in hosts], cost_name)
-    return unchecked + [
+    unchecked += [
         f"memory bandwidth of {h.name} ({h.chip or 'chip unknown'}) is not in the chip table: "
         f"assumed {ASSUMED_BANDWIDTH_GBS:.0f} GB/s (set bandwidth_gbs for it in the cluster file)"
         for h in hosts
-        if host_bandwidth_gbs(h) is None and calibrated_bandwidth(h.name, calibration) is None
+        if _bandwidth(h, calibration) is None
     ]
+    unmeasured = [h.name for h in hosts if h.rates is None]
+    if unmeasured:
+        unchecked.append(
+            f"compute of {', '.join(unmeasured)} not measured (no rates.json): predicted from "
+            "memory bandwidth alone, too fast where compute binds (prefill, CPU hosts)"
+        )
+    return unchecked
+
+
+def _bandwidth(h: HostFacts, calibration: Calibration | None) -> float | None:
+    """Memory bandwidth: bench --calibrate's, a non-Mac's measured copy rate, the chip table's."""
+    copied = h.rates.copy_gbs if h.rates and not h.is_mac else None
+    return calibrated_bandwidth(h.name, calibration) or copied or host_bandwidth_gbs(h)
 
 
 def _as_warnings(problems: Sequence[Problem]) -> list[Problem]:
@@ -177,7 +189,7 @@ def _tensor_fields(option: Option, r: int, cost: BackendCost, spec: ModelSpec) -
         return {}
     share = option.layout.shares[r]
     n = len(option.loads)
-    busy = sum(phase[r] for phase in option.phases) / DECODE_BANDWIDTH_EFFICIENCY
+    busy = sum(phase[r] for phase in option.phases)
     comms = tensor_comms_s(spec, n, cost)
     return {
         "tensor_share": share.to_json(),
@@ -247,12 +259,11 @@ def _slots(
             ssh=h.ssh or h.name,
             usable_bytes=usable_memory_bytes(h),
             memory_bytes=h.memory_bytes,
-            bandwidth_gbs=calibrated_bandwidth(h.name, calibration)
-            or host_bandwidth_gbs(h)
-            or ASSUMED_BANDWIDTH_GBS,
+            bandwidth_gbs=_bandwidth(h, calibration) or ASSUMED_BANDWIDTH_GBS,
             ip=ip,
             memory_checked=h.is_mac,
             limit_given=h.wired_limit_bytes is not None,
+            rates=h.rates,
         )
         for h, ip in zip(hosts, ips, strict=True)
     ]
@@ -304,8 +315,7 @@ def plan_local(
         raise ValueError("--local needs at least 1 rank")
     check_wired_limits([host])
     usable = usable_memory_bytes(host)
-    measured = calibrated_bandwidth(host.name, calibration)
-    bandwidth = measured or host_bandwidth_gbs(host) or ASSUMED_BANDWIDTH_GBS
+    bandwidth = _bandwidth(host, calibration) or ASSUMED_BANDWIDTH_GBS
     slot = Slot(
         "localhost",
         LOCAL_IP,
@@ -314,6 +324,9 @@ def plan_local(
         bandwidth / n,
         LOCAL_IP,
         limit_given=host.wired_limit_bytes is not None,
+        # the ranks share this machine's cores as they share its memory bandwidth
+        rates=host.rates,
+        compute_fraction=1 / n,
     )
     notes = [
         f"{n} ranks share this machine's memory and memory bandwidth",

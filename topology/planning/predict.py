@@ -1,12 +1,16 @@
-"""Decode speed from first principles: bytes each rank reads per token over its bandwidth,
-plus the collectives the strategy needs. Never above the memory-bandwidth roofline.
+"""Step time from first principles. Each rank's time in a phase is the larger of its memory
+time (bytes read / (bandwidth × decoding's efficiency)) and its compute time (floating-point
+operations × rows / its measured matmul throughput at that row count), plus the collectives the
+strategy needs. Never above the memory-bandwidth roofline.
 
-tensor:   t = sum over phases(max over ranks(bytes read / bandwidth)) + 2 all-reduces per layer
+tensor:   t = sum over phases(max over ranks(phase time)) + 2 all-reduces per layer
           + step overhead (phases: attention, MLP or experts, the LM head)
-pipeline: t = sum over stages(bytes read / bandwidth) + the LM head (every rank computes it)
+pipeline: t = sum over stages(stage time) + the LM head (every rank computes it)
               + one hand-off per stage boundary + the final all_gather + step overhead
-The share of bandwidth decoding reaches and the step overhead are fitted to published figures
-(topology/chips.py, scripts/calibrate_prediction.py).
+Decode is 1 row a step; a prefill chunk is up to PREFILL_CHUNK rows. The share of bandwidth
+decoding reaches and the step overhead are fitted to published figures (topology/chips.py,
+scripts/calibrate_prediction.py); compute comes only from a host's microbenchmark
+(topology/host_rates.py): a host never measured is modelled by its memory alone.
 """
 
 from __future__ import annotations
@@ -30,18 +34,56 @@ def stage_read_bytes(spec: ModelSpec, layers: tuple[int, int], context: int) -> 
     return weights + spec.kv_bytes_per_token_per_layer * (end - start) * context
 
 
+PREFILL_CHUNK = 512  # rows a prefill step runs (and the microbenchmark's largest row count)
+
+
+def busy_s(memory_s: float, flops: float, gflops: float | None, rows: int = 1) -> float:
+    """One rank's time in one phase: memory-bound or compute-bound, whichever is slower."""
+    memory = memory_s / DECODE_BANDWIDTH_EFFICIENCY
+    return max(memory, rows * flops / (gflops * 1e9)) if gflops else memory
+
+
+def tensor_phases(
+    costs: Sequence[RankCost],
+    bandwidths_gbs: Sequence[float],
+    gflops: Sequence[float | None] | None = None,
+    rows: int = 1,
+) -> list[list[float]]:
+    """Per phase (attention, MLP, head), each rank's predicted seconds for a step of `rows`."""
+    rates = gflops or [None] * len(costs)
+    return [
+        [busy_s(m, c.flops[i], g, rows) for m, c, g in zip(phase, costs, rates, strict=True)]
+        for i, phase in enumerate(phase_seconds(costs, bandwidths_gbs))
+    ]
+
+
 def tensor_seconds(
-    spec: ModelSpec, costs: Sequence[RankCost], bandwidths_gbs: Sequence[float], cost: BackendCost
+    spec: ModelSpec,
+    costs: Sequence[RankCost],
+    bandwidths_gbs: Sequence[float],
+    cost: BackendCost,
+    gflops: Sequence[float | None] | None = None,
+    rows: int = 1,
 ) -> tuple[float, float]:
-    """(predicted, roofline) seconds per token for tensor parallel: each phase (attention, MLP,
-    the head) lasts as long as its slowest rank, then the all-reduces."""
+    """(predicted, roofline) seconds a step of `rows` for tensor parallel: each phase
+    (attention, MLP, the head) lasts as long as its slowest rank, then the all-reduces."""
     roofline = sum(max(phase) for phase in phase_seconds(costs, bandwidths_gbs))
-    return roofline / DECODE_BANDWIDTH_EFFICIENCY + tensor_comms_s(spec, len(costs), cost), roofline
+    busy = sum(max(phase) for phase in tensor_phases(costs, bandwidths_gbs, gflops, rows))
+    return busy + tensor_comms_s(spec, len(costs), cost, rows), roofline
 
 
-def tensor_comms_s(spec: ModelSpec, n: int, cost: BackendCost) -> float:
-    """A token's all-reduces over n tensor ranks (2 per layer) and the step's own overhead."""
-    return 2 * spec.layers * cost.all_reduce_s(n, _message_bytes(spec)) + step_overhead_s(n)
+def tensor_comms_s(spec: ModelSpec, n: int, cost: BackendCost, rows: int = 1) -> float:
+    """A step's all-reduces over n tensor ranks (2 per layer) and the step's own overhead."""
+    message = rows * _message_bytes(spec)
+    return 2 * spec.layers * cost.all_reduce_s(n, message) + step_overhead_s(n)
+
+
+def stage_flops(spec: ModelSpec, layers: tuple[int, int], context: int) -> float:
+    """Floating-point operations a token (one row) in a pipeline stage's layers."""
+    start, end = layers
+    weights = sum(c.active for c in spec.layer_costs()[start:end])
+    scores = 4 * spec.heads * spec.head_dim * context * (end - start)
+    return 2 * weights / (spec.param_bytes(spec.bits) * spec.scale) + scores
 
 
 def pipeline_seconds(
@@ -50,19 +92,29 @@ def pipeline_seconds(
     bandwidths_gbs: Sequence[float],
     cost: BackendCost,
     context: int,
+    gflops: Sequence[float | None] | None = None,
+    rows: int = 1,
 ) -> tuple[float, float]:
-    """(predicted, roofline) seconds per token; stages[r] = rank r's layers [start, end)."""
+    """(predicted, roofline) seconds a step of `rows`; stages[r] = rank r's layers [start, end)."""
     n = len(stages)
+    rates = gflops or [None] * n
     head = spec.outside_layers_active_bytes
-    roofline = sum(
+    head_flops = 2 * head / (spec.param_bytes(spec.bits) * spec.scale)
+    stage_mem = [
         stage_read_bytes(spec, s, context) / (bw * 1e9)
         for s, bw in zip(stages, bandwidths_gbs, strict=True)
-    ) + max(head / (bw * 1e9) for bw in bandwidths_gbs)
+    ]
+    head_mem = [head / (bw * 1e9) for bw in bandwidths_gbs]
+    roofline = sum(stage_mem) + max(head_mem)
+    busy = sum(
+        busy_s(m, stage_flops(spec, s, context), g, rows)
+        for m, s, g in zip(stage_mem, stages, rates, strict=True)
+    ) + max(busy_s(m, head_flops, g, rows) for m, g in zip(head_mem, rates, strict=True))
     comms = 0.0
     if n > 1:
-        msg = _message_bytes(spec)
+        msg = rows * _message_bytes(spec)
         comms = (n - 1) * cost.hand_off_s(msg) + cost.all_reduce_s(n, msg) + step_overhead_s(n)
-    return roofline / DECODE_BANDWIDTH_EFFICIENCY + comms, roofline
+    return busy + comms, roofline
 
 
 def tok_s(seconds: float) -> float:

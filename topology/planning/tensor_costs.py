@@ -51,6 +51,13 @@ def _cache_per_kv(spec: ModelSpec) -> int:
     return 2 * spec.head_dim * _cache_size(spec)
 
 
+def _score_dim(spec: ModelSpec) -> int:
+    """What a query head's score and value products run over, per token of context."""
+    if spec.is_mla:
+        return (spec.kv_lora_rank or 0) + spec.qk_rope_head_dim
+    return spec.head_dim
+
+
 def grid_for(spec: ModelSpec, context: int) -> HeadGrid:
     """The attention grid with the bytes a query head and a KV head read per token. MLA's one
     "KV head" is what every rank reads whole (the latent cache, the down-projections), so
@@ -115,6 +122,8 @@ class RankCost:
     mlp_read: float  # ... in the MLP / expert phases (all layers)
     outside_read: float  # embedding row, LM head, final norm
     extra_calls: int = 0  # attention calls a token beyond one a layer (a share of several blocks)
+    # floating-point operations a token (one row) in each phase: attention, MLP, outside
+    flops: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
     def read_bytes(self) -> float:
@@ -139,6 +148,13 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
         shared = 3 * h * share.width("shared") * pb
         held = spec.layers * attn + dense * mlp + sparse * (spec.experts * expert + shared + router)
         read_mlp = dense * mlp + sparse * (spec.experts_per_token * expert + shared + router)
+        # a multiply-add per weight read, plus the scores and values over the context
+        scores = 4 * share.n_heads * _score_dim(spec) * context
+        flops = (
+            spec.layers * (2 * (attn - norms) / pb + scores),
+            2 * read_mlp / pb,
+            2 * spec.outside_layers_active_bytes / pb,
+        )
         out.append(
             RankCost(
                 weight_bytes=held + spec.outside_layers_bytes,
@@ -147,6 +163,7 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
                 mlp_read=read_mlp,
                 outside_read=spec.outside_layers_active_bytes,
                 extra_calls=(len(share.blocks) - 1) * spec.layers,
+                flops=flops,
             )
         )
     return out

@@ -1,0 +1,146 @@
+"""The step-time model's compute term, on recorded host facts: a host's measured rates
+(rates.json) make a compute-bound host slow in the plan, a host never measured is planned by
+its memory alone and the plan says so."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from paths import FIXTURES
+
+from topology.chips import GIB
+from topology.facts import HostFacts
+from topology.host_rates import HostRates, parse_rates, weight_kind
+from topology.model.spec import ModelSpec, spec_from_config
+from topology.planning.plan import plan_local
+from topology.planning.predict import busy_s
+
+# A 2-core Linux box as `python -m cluster.microbench` recorded it (OpenBLAS): bandwidth-bound
+# copies at 10 GB/s, float32 matmuls at 4 GFLOP/s for one row and 40 for a 512-row chunk.
+LINUX_RATES = {
+    "copy_gbs": 10.0,
+    "matmul_gflops": {
+        "float32": {"1": 4.0, "8": 20.0, "512": 40.0},
+        "bfloat16": {"1": 2.0, "8": 8.0, "512": 10.0},
+        "q4": {"1": 3.0, "8": 3.0, "512": 3.0},
+    },
+    "device": "cpu",
+}
+
+
+def small_spec(**change: Any) -> ModelSpec:
+    """SmolLM2-135M's shape in float32 (the real model the tests decode)."""
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "num_hidden_layers": 30,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        **change,
+    }
+    return spec_from_config(cfg)
+
+
+def linux(rates: dict[str, Any] | None = LINUX_RATES) -> HostFacts:
+    parsed = parse_rates(json.dumps(rates)) if rates else None
+    return HostFacts(name="localhost", memory_bytes=16 * GIB, is_mac=False, rates=parsed)
+
+
+def test_rates_interpolate_in_log_rows_and_stay_flat_beyond() -> None:
+    rates = parse_rates(json.dumps(LINUX_RATES))
+    assert rates.gflops("float32", 1) == 4.0 and rates.gflops("float32", 512) == 40.0
+    assert rates.gflops("float32", 4096) == 40.0  # flat beyond the largest row count measured
+    assert rates.gflops("float32", 64) == pytest.approx(30.0)  # halfway 8 -> 512 in log rows
+    assert rates.gflops("float16", 1) is None  # not measured
+    assert rates.to_json()["matmul_gflops"]["q4"] == {"1": 3.0, "8": 3.0, "512": 3.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{", "not valid JSON"),
+        ("[]", "must be a JSON object"),
+        ('{"copy_gbs": 0, "matmul_gflops": {"q4": {"1": 1}}}', "copy_gbs"),
+        ('{"copy_gbs": 1, "matmul_gflops": {"q5": {"1": 1}}}', "is not one of"),
+        ('{"copy_gbs": 1, "matmul_gflops": {"q4": {"one": 1}}}', "is not a row count"),
+        ('{"copy_gbs": 1, "matmul_gflops": {"q4": {"1": true}}}', "positive number"),
+        ('{"copy_gbs": 1, "matmul_gflops": {}}', "matmul_gflops"),
+        ('{"copy_gbs": 1, "matmul_gflops": {"q4": {"1": 1}}, "device": "npu"}', "device"),
+    ],
+)
+def test_a_bad_rates_file_is_one_reason(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse_rates(text)
+
+
+def test_weight_kinds() -> None:
+    assert weight_kind("float32", 32) == "float32"
+    assert weight_kind("bfloat16", 16) == "bfloat16"
+    assert (weight_kind("bfloat16", 4), weight_kind("bfloat16", 8)) == ("q4", "q8")
+
+
+def test_a_phase_takes_the_slower_of_memory_and_compute() -> None:
+    # 1 ms of memory at decoding's efficiency; 2 GFLOP at 1 GFLOP/s: compute binds
+    assert busy_s(0.54e-3, 2e9, 1.0) == pytest.approx(2.0)
+    assert busy_s(0.54e-3, 1e3, 1.0) == pytest.approx(1e-3)  # memory binds
+    assert busy_s(0.54e-3, 2e9, None) == pytest.approx(1e-3)  # not measured: memory alone
+    assert busy_s(0.54e-3, 2e9, 1.0, rows=8) == pytest.approx(16.0)  # rows multiply the work
+
+
+def test_a_measured_cpu_host_is_planned_compute_bound() -> None:
+    """--local 1 on a CPU that does 4 GFLOP/s a row: SmolLM2 float32 (~0.27 GFLOP a token)
+    cannot beat ~15 tok/s, even with 100 GB/s of copy bandwidth; memory alone predicted
+    several times that (the 12x error issue 29 starts from)."""
+    spec = small_spec()
+    fast_memory = {**LINUX_RATES, "copy_gbs": 100.0}
+    measured = plan_local(linux(fast_memory), 1, spec, context=64)
+    memory_only = plan_local(linux(None), 1, spec, context=64)
+    assert measured.ok and memory_only.ok
+    tok = measured.predicted_decode_tok_s or 0
+    flops_bound = 4e9 / (2 * spec.active_bytes_per_token / 4)
+    assert 0.8 * flops_bound < tok < flops_bound
+    assert (memory_only.predicted_decode_tok_s or 0) > 3 * tok
+    assert not any("not measured" in a for a in measured.assumptions)
+    assert any("compute of localhost not measured" in a for a in memory_only.assumptions)
+
+
+def test_local_ranks_share_the_measured_compute() -> None:
+    """Two ranks on one machine get half its cores each: pipeline x2 is no faster than one
+    rank, and tensor x2 of a compute-bound model is not twice as fast."""
+    spec = small_spec()
+    one = plan_local(linux(), 1, spec).predicted_decode_tok_s or 0
+    pipeline = plan_local(linux(), 2, spec, strategy="pipeline").predicted_decode_tok_s or 0
+    tensor = plan_local(linux(), 2, spec, strategy="tensor").predicted_decode_tok_s or 0
+    assert pipeline < one
+    assert tensor < 1.1 * one
+
+
+def test_quantized_weights_use_their_own_rate() -> None:
+    """4-bit weights on this CPU: 3 GFLOP/s at every row count (MLX's CPU q4 matmul)."""
+    q4 = small_spec(quantization={"group_size": 64, "bits": 4})
+    f32 = small_spec()
+    assert q4.bits == 4
+    q4_tok = plan_local(linux(), 1, q4).predicted_decode_tok_s or 0
+    f32_tok = plan_local(linux(), 1, f32).predicted_decode_tok_s or 0
+    # fewer bytes, but a slower matmul per FLOP: q4 is not 8x faster here, as it is on a Mac
+    assert q4_tok < 2 * f32_tok
+
+
+def test_a_mac_with_rates_keeps_its_chip_bandwidth() -> None:
+    """A Mac's bandwidth stays the chip table's (the decode efficiency is fitted to it); its
+    measured compute only adds a floor."""
+    fast = HostRates(700.0, {"bfloat16": {1: 1e5, 512: 2e4}})
+    spec = spec_from_config(
+        json.loads((FIXTURES / "models/qwen3-32b-8bit/config.json").read_text())
+    )
+    mac = HostFacts(name="localhost", chip="Apple M3 Ultra", memory_bytes=512 * GIB)
+    plain = plan_local(mac, 1, spec).predicted_decode_tok_s
+    measured = plan_local(dataclasses.replace(mac, rates=fast), 1, spec).predicted_decode_tok_s
+    assert plain == measured  # q8 weights: the rates have no q8 row, so memory alone

@@ -1,0 +1,100 @@
+"""What a host computes and copies per second, measured there (`python -m cluster.microbench`).
+
+The planner's step-time model needs two rates per host: memory bandwidth (decode reads every
+weight once a token) and matmul throughput at the row count of the step (1 row for one decoding
+sequence, a few for a batch or a speculative check, hundreds for a prefill chunk). The chip table
+(topology/chips.py) gives the bandwidth of a Mac never measured; only a measurement gives compute,
+and on a Linux node it is what binds. Pure: parsed from the JSON the microbenchmark prints
+(snapshot file rates.json), InputError-free — a bad file is a probe gap, never a crash.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Weight kinds the microbenchmark times: a model's dtype, or its quantization in bits.
+KINDS = ("float32", "float16", "bfloat16", "q4", "q8")
+ROWS = (1, 8, 512)  # decode, a batch or speculative check, a prefill chunk
+
+
+@dataclass(frozen=True)
+class HostRates:
+    """Measured rates of one host (and the device and threads they were measured with)."""
+
+    copy_gbs: float  # a large array copy: bytes read + written per second / 1e9
+    matmul_gflops: Mapping[str, Mapping[int, float]]  # kind -> rows -> GFLOP/s
+    device: str = "gpu"  # "gpu" (Metal) or "cpu"
+    source: str = "measured"  # or "assumed" (a chip table figure, said so in the plan)
+
+    def gflops(self, kind: str, rows: int) -> float | None:
+        """Throughput at `rows` rows for this weight kind: measured points joined linearly in
+        log(rows), flat beyond the ends; None when the kind was not measured."""
+        points = sorted(self.matmul_gflops.get(kind, {}).items())
+        if not points:
+            return None
+        if rows <= points[0][0]:
+            return points[0][1]
+        for (r0, g0), (r1, g1) in itertools.pairwise(points):
+            if rows <= r1:
+                at = (math.log(rows) - math.log(r0)) / (math.log(r1) - math.log(r0))
+                return g0 + at * (g1 - g0)
+        return points[-1][1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "copy_gbs": self.copy_gbs,
+            "matmul_gflops": {
+                kind: {str(rows): g for rows, g in sorted(by_rows.items())}
+                for kind, by_rows in self.matmul_gflops.items()
+            },
+            "device": self.device,
+            "source": self.source,
+        }
+
+
+def weight_kind(dtype: str, bits: int) -> str:
+    """The microbenchmark's kind for a model's weights: q4 / q8 when quantized, else its dtype."""
+    if bits < 16:
+        return "q4" if bits <= 4 else "q8"
+    return dtype if dtype in KINDS else "bfloat16"
+
+
+def parse_rates(text: str) -> HostRates:
+    """rates.json -> HostRates; ValueError with a short reason on anything malformed."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON (line {e.lineno})") from None
+    if not isinstance(raw, Mapping):
+        raise ValueError("must be a JSON object")
+    copy = _rate(raw.get("copy_gbs"), "copy_gbs")
+    table = raw.get("matmul_gflops")
+    if not isinstance(table, Mapping) or not table:
+        raise ValueError("matmul_gflops: must be an object of kinds")
+    matmul: dict[str, dict[int, float]] = {}
+    for kind, by_rows in table.items():
+        if kind not in KINDS:
+            raise ValueError(f"matmul_gflops: {str(kind)[:20]!r} is not one of {', '.join(KINDS)}")
+        if not isinstance(by_rows, Mapping) or not by_rows:
+            raise ValueError(f"matmul_gflops.{kind}: must be an object of rows")
+        matmul[kind] = {}
+        for rows, g in by_rows.items():
+            if not (isinstance(rows, str) and rows.isdigit() and 0 < int(rows) <= 1 << 16):
+                raise ValueError(f"matmul_gflops.{kind}: {str(rows)[:20]!r} is not a row count")
+            matmul[kind][int(rows)] = _rate(g, f"matmul_gflops.{kind}.{rows}")
+    device = raw.get("device", "gpu")
+    if device not in ("gpu", "cpu"):
+        raise ValueError("device: must be gpu or cpu")
+    return HostRates(copy, matmul, device)
+
+
+def _rate(value: Any, key: str) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not 0 < value < 1e7 or math.isnan(value):
+        raise ValueError(f"{key}: must be a positive number")
+    return float(value)
