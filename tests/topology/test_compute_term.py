@@ -144,3 +144,31 @@ def test_a_mac_with_rates_keeps_its_chip_bandwidth() -> None:
     plain = plan_local(mac, 1, spec).predicted_decode_tok_s
     measured = plan_local(dataclasses.replace(mac, rates=fast), 1, spec).predicted_decode_tok_s
     assert plain == measured  # q8 weights: the rates have no q8 row, so memory alone
+
+
+def test_prefill_is_predicted_only_where_compute_was_measured() -> None:
+    """A 1,024-token prompt in two 512-row chunks at the measured 512-row rate (40 GFLOP/s
+    float32): TTFT is about the prompt's FLOPs over that rate; unmeasured: no figure."""
+    spec = small_spec()
+    plan = plan_local(linux(), 1, spec, context=2048, prompt_tokens=1024)
+    assert plan.prompt_tokens == 1024 and plan.predicted_ttft_s is not None
+    weights_flops = 2 * spec.active_bytes_per_token / 4
+    assert plan.predicted_ttft_s >= 1024 * weights_flops / 40e9
+    assert plan.predicted_ttft_s < 3 * 1024 * weights_flops / 40e9
+    assert plan.predicted_prefill_tok_s == pytest.approx(1024 / plan.predicted_ttft_s, rel=0.01)
+    # prefill's 512-row chunks run far faster per token than decode's single rows
+    assert plan.predicted_prefill_tok_s > 3 * (plan.predicted_decode_tok_s or 0)
+    longer = plan_local(linux(), 1, spec, context=8192, prompt_tokens=4096)
+    assert (longer.predicted_ttft_s or 0) > 4 * plan.predicted_ttft_s  # attention grows too
+    unmeasured = plan_local(linux(None), 1, spec, prompt_tokens=1024)
+    assert unmeasured.predicted_ttft_s is None and unmeasured.predicted_prefill_tok_s is None
+    again = type(plan).from_json(json.loads(json.dumps(plan.to_json())))
+    assert again.predicted_ttft_s == plan.predicted_ttft_s and again.prompt_tokens == 1024
+
+
+def test_pipeline_prefill_runs_stages_one_after_another() -> None:
+    spec = small_spec()
+    one = plan_local(linux(), 1, spec, prompt_tokens=1024)
+    two = plan_local(linux(), 2, spec, strategy="pipeline", prompt_tokens=1024)
+    # two stages, each on half the machine's compute, one after the other: no faster
+    assert (two.predicted_ttft_s or 0) >= 0.95 * (one.predicted_ttft_s or 0)

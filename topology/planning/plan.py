@@ -32,6 +32,7 @@ from topology.planning.memory_input import check_weights_fit, check_wired_limits
 from topology.planning.options import Option, pipeline_option, tensor_option
 from topology.planning.placement import Slot
 from topology.planning.predict import tensor_comms_s, tok_s
+from topology.planning.prefill import DEFAULT_PROMPT_TOKENS, ttft_seconds
 from topology.planning.tensor_costs import share_summary
 from topology.planning.types import DEFAULT_CONTEXT, Plan, RankPlan
 from topology.problems import unknown_hosts
@@ -129,6 +130,7 @@ def _plan(
     context: int | None,
     base: Sequence[Problem],
     calibration: Calibration | None = None,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
     **extra: Any,
 ) -> Plan:
     if strategy not in STRATEGIES:
@@ -176,10 +178,13 @@ def _plan(
         )
         for r, (s, load) in enumerate(zip(slots, chosen.loads, strict=True))
     )
+    ttft = ttft_seconds(spec, chosen, slots, cost, prompt_tokens)
     return Plan(
         chosen.strategy, backend, spec.source, ranks, chosen.tok_s, reason, tuple(problems),
         context, roofline_decode_tok_s=tok_s(chosen.roofline_s or 0.0),
-        model_info=spec.summary(), **extra,
+        model_info=spec.summary(), prompt_tokens=prompt_tokens,
+        predicted_ttft_s=round(ttft, 4) if ttft else None,
+        predicted_prefill_tok_s=round(prompt_tokens / ttft, 1) if ttft else None, **extra,
     )  # fmt: skip
 
 
@@ -277,6 +282,7 @@ def plan_cluster(
     backend: str | None = None,
     context: int | None = None,  # None: DEFAULT_CONTEXT, capped at the model's
     calibration: Calibration | None = None,  # measured numbers (bench --calibrate)
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,  # the prompt TTFT is predicted for
 ) -> Plan:
     """Plan over the checked hosts. backend None/"auto": the best one the check found."""
     chosen: str | None
@@ -297,7 +303,8 @@ def plan_cluster(
         base += _device_problems(hosts, check, chosen)
     return _plan(
         spec, _slots(hosts, ips, calibration), strategy, chosen, chosen or "ring", context, base,
-        calibration, assumptions=tuple(_assumptions(hosts, calibration, chosen or "ring")),
+        calibration, prompt_tokens,
+        assumptions=tuple(_assumptions(hosts, calibration, chosen or "ring")),
     )  # fmt: skip
 
 
@@ -309,6 +316,7 @@ def plan_local(
     strategy: str = "auto",
     context: int | None = None,  # None: DEFAULT_CONTEXT, capped at the model's
     calibration: Calibration | None = None,  # measured numbers (bench --calibrate)
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,  # the prompt TTFT is predicted for
 ) -> Plan:
     """N ranks on this machine over the ring backend on 127.0.0.1, sharing memory and bandwidth."""
     if n < 1:
@@ -334,7 +342,7 @@ def plan_local(
     ]
     return _plan(
         spec, [slot] * n, strategy, "ring", "ring-local", context, [], calibration,
-        local=True, assumptions=tuple(notes),
+        prompt_tokens, local=True, assumptions=tuple(notes),
     )  # fmt: skip
 
 

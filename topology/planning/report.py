@@ -59,6 +59,13 @@ def plan_text(plan: Plan) -> str:
         roof = plan.roofline_decode_tok_s
         extra = f" (memory-bandwidth roofline {roof:.1f} tok/s)" if roof else ""
         lines.append(f"Predicted decode: {plan.predicted_decode_tok_s:.1f} tok/s{extra}")
+        if plan.predicted_ttft_s is not None and plan.predicted_prefill_tok_s is not None:
+            lines.append(
+                f"Predicted prefill: {plan.predicted_prefill_tok_s:.1f} tok/s, first token after "
+                f"{plan.predicted_ttft_s:.2f} s for a {plan.prompt_tokens}-token prompt"
+            )
+        else:
+            lines.append("Predicted prefill: not predicted (a host's compute was not measured)")
     lines.append(f"Why: {plan.reason}")
     if plan.ranks:
         shares = any(r.share_summary for r in plan.ranks)

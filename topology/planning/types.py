@@ -69,6 +69,9 @@ class Plan:
     assumptions: tuple[str, ...] = ()
     roofline_decode_tok_s: float | None = None
     model_info: Mapping[str, Any] = field(default_factory=dict)
+    prompt_tokens: int = 0  # the prompt the prefill figures are for
+    predicted_ttft_s: float | None = None  # None: a host's compute was not measured
+    predicted_prefill_tok_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -99,6 +102,9 @@ class Plan:
             "ranks": [r.to_json() for r in self.ranks],
             "predicted_decode_tok_s": self.predicted_decode_tok_s,
             "roofline_decode_tok_s": self.roofline_decode_tok_s,
+            "prompt_tokens": self.prompt_tokens,
+            "predicted_ttft_s": self.predicted_ttft_s,
+            "predicted_prefill_tok_s": self.predicted_prefill_tok_s,
             "reason": self.reason,
             "problems": [p.to_json() for p in self.problems],
             "assumptions": list(self.assumptions),
@@ -135,6 +141,11 @@ class Plan:
             assumptions=tuple(str(a) for a in raw.get("assumptions", ())),
             roofline_decode_tok_s=raw.get("roofline_decode_tok_s"),
             model_info=raw.get("model_info", {}),
+            prompt_tokens=_int(raw.get("prompt_tokens", 0), "prompt_tokens", 0, 16 << 20),
+            predicted_ttft_s=_seconds(raw.get("predicted_ttft_s"), "predicted_ttft_s"),
+            predicted_prefill_tok_s=_seconds(
+                raw.get("predicted_prefill_tok_s"), "predicted_prefill_tok_s"
+            ),
         )
 
 
@@ -201,6 +212,14 @@ def _summary(r: Mapping[str, Any], key: str) -> dict[str, Any]:
     if "kv_replicated" in r:
         out["kv_replicated"] = r["kv_replicated"] is True
     return out
+
+
+def _seconds(value: Any, key: str) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+        raise ValueError(f"{key}: must be a number >= 0 or null")
+    return float(value)
 
 
 def _share(value: Any, key: str) -> dict[str, Any] | None:

@@ -1,0 +1,43 @@
+"""Time to first token: a prompt run through the chosen plan in chunks of PREFILL_CHUNK rows.
+
+Each chunk is one step of the step-time model (predict.py) at that many rows: weights read once
+a chunk, the KV cache as far as the chunk reaches, FLOPs × rows over each rank's measured
+throughput at that row count — on a Mac, prefill is compute-bound, so only a measured host gives
+a figure. Pipeline stages run a chunk one after the other (mlx-lm does not overlap them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from topology.chips import BackendCost
+from topology.model.spec import ModelSpec
+from topology.planning.options import Option, decode_gflops
+from topology.planning.placement import Slot
+from topology.planning.predict import PREFILL_CHUNK, pipeline_seconds, tensor_seconds
+from topology.planning.tensor_costs import rank_costs
+
+DEFAULT_PROMPT_TOKENS = 1024
+
+
+def ttft_seconds(
+    spec: ModelSpec, option: Option, slots: Sequence[Slot], cost: BackendCost, prompt_tokens: int
+) -> float | None:
+    """Seconds from a prompt of `prompt_tokens` to its first token; None when a rank's compute
+    was not measured (memory alone would call a 512-row chunk as cheap as one token)."""
+    if prompt_tokens < 1 or any(s.rates is None for s in slots):
+        return None
+    bandwidths = [s.bandwidth_gbs for s in slots]
+    total = 0.0
+    for start in range(0, prompt_tokens, PREFILL_CHUNK):
+        rows = min(PREFILL_CHUNK, prompt_tokens - start)
+        reach = start + rows  # the chunk attends to everything before it and itself
+        gflops = decode_gflops(spec, slots, rows)
+        if option.strategy == "tensor" and option.layout is not None:
+            costs = rank_costs(spec, option.layout, reach)
+            seconds, _ = tensor_seconds(spec, costs, bandwidths, cost, gflops, rows)
+        else:
+            stages = [load.layers for load in option.loads]
+            seconds, _ = pipeline_seconds(spec, stages, bandwidths, cost, reach, gflops, rows)
+        total += seconds
+    return total
