@@ -234,6 +234,18 @@ def test_counters_and_charts_move_while_requests_run(page: Any, server: Server) 
     )
     assert text(page, "fig-ttft").split()[0] != "–"
     assert "ms" in text(page, "fig-itl")
+
+    # the plan's decode figure against the measured one, flagged beyond 25 %
+    # one script reads the row and its flag: the page redraws every second, never mid-script
+    (predicted, _, per_sequence, shown), flagged = page.execute_script(
+        "const row = document.querySelector('#plan table:last-of-type tbody tr');"
+        "return [[...row.querySelectorAll('td')].map((c) => c.innerText),"
+        " document.querySelector('#prediction-error').dataset.flagged];"
+    )
+    error = (float(predicted) - float(per_sequence)) / float(per_sequence)
+    assert flagged == str(abs(error) > 0.25).lower(), shown
+    assert shown.startswith(("+", "−")) and " %" in shown
+    assert ("off by over 25 %" in shown) == (abs(error) > 0.25)
     for chart in ("requests running / queued", "tokens/s prompt / generation"):
         assert _chart_rose(page, chart), f"{chart}: every point on the baseline"
     # The step chart: the batch's p50 and one line per rank, each rank's own step time.

@@ -33,10 +33,24 @@ const MLXPanels = (() => {
       ])),
       el("h3", {}, "Tokens/s"),
       table(["predicted (decode, one sequence)", "measured (all sequences, last second)",
-        "measured per sequence (1 / ITL p50)"], [[
+        "measured per sequence (1 / ITL p50)", "prediction error"], [[
         num(p.predicted_tok_s), num(measured.measured), num(measured.per_sequence),
+        predictionError(p.predicted_tok_s, measured.per_sequence),
       ]]),
     );
+  }
+
+  // The plan's decode figure against one sequence's measured speed; off by more than 25 %:
+  // flagged, so nobody sizes a cluster on a figure this machine does not bear out.
+  function predictionError(predicted, perSequence) {
+    if (!predicted || !perSequence) return el("span", { id: "prediction-error" }, "–");
+    const error = (predicted - perSequence) / perSequence;
+    const flagged = Math.abs(error) > 0.25;
+    const sign = error >= 0 ? "+" : "−";
+    return el("span", {
+      id: "prediction-error", class: flagged ? "bad" : "good", "data-flagged": String(flagged),
+      title: flagged ? "the prediction is off by more than 25 %" : "within 25 %",
+    }, `${sign}${Math.abs(100 * error).toFixed(0)} %${flagged ? " (off by over 25 %)" : ""}`);
   }
 
   function figure(label, value, id) {
