@@ -147,6 +147,37 @@ def test_remote_rank_killed_mid_decode_stops_every_rank_within_5s(
     assert "rank 1 on h1 exited with code 255 (ssh: the remote rank was killed" in run.stderr()
 
 
+RACE_RUNS = 4  # kills; each one a launch of its own (~10 s of CI apiece)
+
+
+def test_the_killed_rank_is_named_every_time(
+    make_hosts: MakeHosts, models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The race of issue 31: a rank SIGKILLed on h2 (or h1) takes its ring neighbours down within
+    milliseconds, and their "[ring] Socket closed by the peer" must never be what the launcher
+    blames. Repeated: once in two runs it used to name a survivor."""
+    hosts = make_hosts(3, topology="switch")
+    cluster = hosts.cluster_yaml(tmp_path / "cluster.yaml", host_keys=LINUX, backend="ring")
+    for run_no in range(RACE_RUNS):
+        victim = 2 if run_no % 2 == 0 else 1
+        run = _decoding(hosts, cluster, models["x3"])
+        try:
+            pids = wait_for_ranks(hosts, [0, 1, 2], 10)
+            killed_at = time.monotonic()
+            os.kill(pids[victim], signal.SIGKILL)
+            assert run.wait(30) != 0
+            wait_until_empty(hosts, 5, killed_at)
+        finally:
+            run.kill()
+        err = run.stderr()
+        blamed = re.findall(r"rank (\d) on (h\d) (?:exited|was killed|died)", err)
+        assert blamed, (run_no, err)
+        # the first rank the launcher names as the cause is the one killed, and no other is
+        assert blamed[0] == (str(victim), f"h{victim}"), (run_no, victim, err)
+        assert {b for b in blamed} == {(str(victim), f"h{victim}")}, (run_no, victim, err)
+        assert "Traceback" not in err
+
+
 def test_link_cut_mid_decode_stops_launcher_within_10s_naming_both_ends(
     make_hosts: MakeHosts, models: dict[str, Path], tmp_path: Path
 ) -> None:
