@@ -54,6 +54,7 @@ class Row:
     bandwidth_gbps: float
     predicted_decode_tok_s: float | None
     predicted_calibrated_tok_s: float | None = None
+    predicted_ttft_s: float | None = None  # None: a host's compute was not measured
     speedup: float | None = None
     efficiency: float | None = None
 
@@ -70,6 +71,8 @@ class Row:
             "prediction_error_calibrated": error(
                 self.predicted_calibrated_tok_s, self.measured.generation_tps
             ),
+            "predicted_ttft_s": self.predicted_ttft_s,
+            "ttft_error": error(self.predicted_ttft_s, self.measured.ttft_s),
         }  # fmt: skip
         return {k: out[k] for k in (*FIELDS, *(k for k in out if k not in FIELDS))}
 
@@ -156,6 +159,7 @@ def markdown_table(rows: Sequence[Row], skipped: Sequence[Skipped]) -> str:
     head = [
         "hosts", "strategy", "backend", "prompt tok/s", "gen tok/s", "TTFT s", "ITL p50 ms",
         "ITL p99 ms", "peak mem/rank", "speedup", "efficiency", "GB/s", "predicted", "error",
+        "predicted TTFT s", "TTFT error",
     ]  # fmt: skip
     if calibrated:
         head += ["calibrated", "error"]
@@ -171,6 +175,7 @@ def markdown_table(rows: Sequence[Row], skipped: Sequence[Skipped]) -> str:
             _memory(m.peak_memory_bytes), _num(r.speedup, ".2f"), _num(r.efficiency, ".0%"),
             f"{r.bandwidth_gbps:.2f}", _num(r.predicted_decode_tok_s, ".1f"),
             _pct(error(r.predicted_decode_tok_s, m.generation_tps)),
+            _num(r.predicted_ttft_s, ".3f"), _pct(error(r.predicted_ttft_s, m.ttft_s)),
         ]  # fmt: skip
         if calibrated:
             predicted = r.predicted_calibrated_tok_s
@@ -201,7 +206,8 @@ def run_summary(row: Row, seconds: float) -> str:
     )
     return (
         f"generation {m.generation_tps:.1f} tok/s, prompt {m.prompt_tps:.1f} tok/s, "
-        f"TTFT {m.ttft_s:.3f} s, predicted {predicted} tok/s{drafts} [{seconds:.1f} s]"
+        f"TTFT {m.ttft_s:.3f} s (predicted {_num(row.predicted_ttft_s, '.3f')} s), "
+        f"predicted {predicted} tok/s{drafts} [{seconds:.1f} s]"
     )
 
 

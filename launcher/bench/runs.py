@@ -90,22 +90,32 @@ def refusal(plan: Plan) -> str:
     return f"{first.message} — {first.fix}" if first is not None else plan.reason
 
 
-def local_planner(host: HostFacts, n: int, spec: ModelSpec, context: int) -> BenchPlanner:
+def local_planner(
+    host: HostFacts, n: int, spec: ModelSpec, context: int, prompt_tokens: int
+) -> BenchPlanner:
     def plan(k: int, strategy: str, calibration: Calibration | None) -> tuple[Plan, dict[str, Any]]:
-        p = plan_local(host, k, spec, strategy=strategy, context=context, calibration=calibration)
+        p = plan_local(
+            host, k, spec, strategy=strategy, context=context, calibration=calibration,
+            prompt_tokens=prompt_tokens,
+        )  # fmt: skip
         return p, hostfile_json(p) if p.ok else {}
 
     return BenchPlanner(plan, n)
 
 
 def cluster_planner(
-    cluster: ClusterSpec, facts: Sequence[HostFacts], spec: ModelSpec, backend: str, context: int
+    cluster: ClusterSpec,
+    facts: Sequence[HostFacts],
+    spec: ModelSpec,
+    backend: str,
+    context: int,
+    prompt_tokens: int,
 ) -> BenchPlanner:
     def plan(k: int, strategy: str, calibration: Calibration | None) -> tuple[Plan, dict[str, Any]]:
         result = check(facts[:k], backend)
         p = plan_cluster(
             result, spec, strategy=strategy, backend=backend, context=context,
-            calibration=calibration,
+            calibration=calibration, prompt_tokens=prompt_tokens,
         )  # fmt: skip
         return p, hostfile_json(p, result.links, cluster.env) if p.ok else {}
 

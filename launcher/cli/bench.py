@@ -94,14 +94,19 @@ def _check_output(path: Path | None, flag: str) -> None:
 
 
 def _planner(
-    cluster_file: str | None, local: int | None, spec: ModelSpec, backend: str | None, context: int
+    cluster_file: str | None,
+    local: int | None,
+    spec: ModelSpec,
+    backend: str | None,
+    context: int,
+    prompt_tokens: int,
 ) -> BenchPlanner | int:
     """The planner for --local N or a cluster file; an exit code when hosts do not answer."""
     check_hosts_source(cluster_file, local, backend)
     if local is not None:
         from launcher.planning.cluster_plan import this_machine
 
-        return local_planner(this_machine(), local, spec, context)
+        return local_planner(this_machine(), local, spec, context, prompt_tokens)
     from launcher.hosts.gather import probe_facts, read_cluster
     from launcher.hosts.reachability import refuse_unreachable
 
@@ -110,7 +115,7 @@ def _planner(
     if code := refuse_unreachable(cluster):
         return code
     facts = probe_facts(cluster)
-    return cluster_planner(cluster, facts, spec, backend or cluster.backend, context)
+    return cluster_planner(cluster, facts, spec, backend or cluster.backend, context, prompt_tokens)
 
 
 def _calibrate(
@@ -222,7 +227,9 @@ def bench_cmd(
     check_hosts_source(cluster_file, local, backend)  # before any model lookup
     spec = load_model_spec(model)
     saved = load_calibration()  # checked now: a broken file fails before any run
-    planner = _planner(cluster_file, local, spec, backend, prompt_tokens + gen_tokens)
+    planner = _planner(
+        cluster_file, local, spec, backend, prompt_tokens + gen_tokens, prompt_tokens
+    )
     if isinstance(planner, int):
         return planner
     size_list = parse_sizes(sizes, planner.max_hosts)
@@ -301,6 +308,7 @@ def _run_all(
         for s in c.strategies:
             calibrated = planner.plan(c.hosts, s, calibration) if calibration else None
             predicted_calibrated = calibrated.predicted_decode_tok_s if calibrated else None
+            predicted = planner.plan(c.hosts, s, None)
             rows.append(
                 Row(
                     hosts=c.hosts,
@@ -308,8 +316,9 @@ def _run_all(
                     backend=c.target.backend,
                     measured=measured,
                     bandwidth_gbps=round(per_token * measured.generation_tps / 1e9, 4),
-                    predicted_decode_tok_s=planner.plan(c.hosts, s, None).predicted_decode_tok_s,
+                    predicted_decode_tok_s=predicted.predicted_decode_tok_s,
                     predicted_calibrated_tok_s=predicted_calibrated,
+                    predicted_ttft_s=predicted.predicted_ttft_s,
                 )
             )
         click.echo(run_summary(rows[-1], time.monotonic() - started), err=True)
