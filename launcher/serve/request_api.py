@@ -1,21 +1,21 @@
 """What every API of `mlx-cluster serve` turns a request into: one checked GenerateRequest (the line
 rank 0 reads), or an ApiError naming the bad field.
 
-Shared by the OpenAI routes (openai_api.py) and the Anthropic ones (anthropic_api.py); pure
-functions of the request JSON, nothing here talks to ranks or sockets.
+Shared by the OpenAI routes (openai_api.py) and the Anthropic ones (anthropic_api.py): the bodies
+are declared as pydantic models (openai_models.py, anthropic_models.py) and checked by
+request_errors.py; what is here is the logic that is not a body's shape. Nothing here talks to
+ranks or sockets.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 ToolChoice = str | dict[str, str]  # "auto" | "none" | "required" | {"name": function}
 ID_PREFIXES = {"chat": "chatcmpl-", "completion": "cmpl-", "anthropic": "msg_"}
-NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's and Anthropic's rule for tool names
 MAX_SEED = 2**63 - 1  # OpenAI's seed is an int64 (rank 0 checks the same bound)
 MAX_INT = 2**31 - 1  # token counts and top_k: beyond any model
 
@@ -124,64 +124,6 @@ class GenerateRequest:
 def new_id(kind: str) -> str:
     """The request's id: rank 0 tags its events with it, and the answer carries it."""
     return ID_PREFIXES.get(kind, "cmpl-") + uuid.uuid4().hex[:24]
-
-
-def parse_body(body: bytes) -> dict[str, Any]:
-    try:
-        raw = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad(f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise bad("the request body is nested too deeply") from None
-    if not isinstance(raw, dict):
-        raise bad("the request body must be a JSON object")
-    return raw
-
-
-def number(raw: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = raw.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise bad(f"'{name}' must be a number from {low:g} to {high:g}", name)
-    return float(value)
-
-
-def integer(
-    raw: dict[str, Any], name: str, default: int | None, low: int, high: int | None = None
-) -> int | None:
-    value = raw.get(name)
-    if value is None:
-        return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < low
-        or (high is not None and value > high)
-    ):
-        bound = f"of at least {low}" if high is None else f"from {low} to {high}"
-        raise bad(f"'{name}' must be an integer {bound}", name)
-    return value
-
-
-def string_list(value: Any, name: str, most: int) -> tuple[str, ...]:
-    """A string or a list of up to `most` non-empty strings (stop strings)."""
-    if value is None:
-        return ()
-    items = [value] if isinstance(value, str) else value
-    if (
-        not isinstance(items, list)
-        or not all(isinstance(s, str) and s for s in items)
-        or len(items) > most
-    ):
-        raise bad(f"'{name}' must be a non-empty string or a list of up to {most}", name)
-    return tuple(items)
-
-
-def tool_name(value: Any, param: str) -> str:
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
-        raise bad(f"{param} must be 1 to 64 letters, digits, '_' or '-'", param)
-    return value
 
 
 def arguments_value(arguments: str) -> Any:

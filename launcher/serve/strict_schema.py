@@ -69,10 +69,3 @@ def strict_schema(schema: Any, at: str) -> Any:
         if key in schema:
             out[key] = strict_schema(schema[key], f"{at}.{key}")
     return out
-
-
-def strict_flag(value: Any, at: str) -> bool:
-    """A `strict` field: true, false or absent."""
-    if value is not None and not isinstance(value, bool):
-        raise bad(f"{at} must be true or false", at)
-    return bool(value)

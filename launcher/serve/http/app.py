@@ -2,8 +2,9 @@
 every answer counted by endpoint and status for /metrics.
 
 Routes: GET /health and GET /metrics (no key needed: for load balancers and scrapers), GET
-/v1/models[/{id}], POST /v1/chat/completions and POST /v1/completions (OpenAI), POST
-/v1/messages and POST /v1/messages/count_tokens (Anthropic); the dashboard's GET /,
+/openapi.json (the request bodies' schemas, no key needed: openapi.py), GET /v1/models[/{id}],
+POST /v1/chat/completions and POST /v1/completions (OpenAI), POST /v1/messages and POST
+/v1/messages/count_tokens (Anthropic); the dashboard's GET /,
 /dashboard/{file}, /v1/cluster/state and /v1/cluster/stream (dashboard.py). A new route is one
 line in ServeApp's table and its handler: a method here, or a module of this package for a group
 of routes (answers.py answers the generate routes, dashboard.py the dashboard's). Errors:
@@ -29,6 +30,7 @@ from launcher.serve.dashboard.state import DashboardState
 from launcher.serve.http.answers import Answerer, MakeAnswer
 from launcher.serve.http.dashboard import DashboardRoutes
 from launcher.serve.http.errors import GONE_STATUS, exception_handlers
+from launcher.serve.http.openapi import openapi_json
 from launcher.serve.metrics import CONTENT_TYPE, ServeMetrics
 from launcher.serve.openai_api import parse_chat, parse_completion
 from launcher.serve.openai_bodies import OpenAIAnswer, models_body
@@ -56,6 +58,7 @@ class ServeApp:
         self.model_id, self.api_key = model_id, api_key
         self.created = int(time.time())
         self.answerer = Answerer(cluster, model_id)
+        self.openapi = openapi_json(api_key is not None)  # made here: never on the event loop
         self.dashboard = DashboardRoutes(
             DashboardState(cluster, metrics, model_id), self._check_key
         )
@@ -63,6 +66,7 @@ class ServeApp:
             *self.dashboard.routes(),
             Route("/health", self._health, methods=GET),
             Route("/metrics", self._metrics, methods=GET),
+            Route("/openapi.json", self._openapi, methods=GET),
             Route("/v1/models", self._models, methods=GET),
             Route("/v1/models/{name:path}", self._model, methods=GET),
             Route("/v1/chat/completions", self._generate(parse_chat, OpenAIAnswer), methods=POST),
@@ -130,6 +134,9 @@ class ServeApp:
 
     async def _metrics(self, _request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def _openapi(self, _request: Request) -> Response:
+        return Response(self.openapi, media_type="application/json")
 
     async def _models(self, request: Request) -> Response:
         self._check_key(request)
