@@ -1,8 +1,9 @@
 """One host's snapshot files -> HostFacts; a missing or unparsable file is a ProbeGap, not an error.
 
 `files` maps a snapshot file name to its content (None when missing). Besides the eight command
-outputs it may hold `uname.txt` (`uname -s`, recorded by the probe to tell a Mac from anything else)
-and `<file>.error` (what went wrong when the command failed).
+outputs it may hold `uname.txt` (`uname -s`, recorded by the probe to tell a Mac from anything
+else), the optional files (versions.txt, blas.txt, rates.json) and `<file>.error` (what went
+wrong when the command failed).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from topology.checks.blas import parse_blas
 from topology.errors import one_line
 from topology.facts import (
     BLAS_FILE,
+    RATES_FILE,
     VERSIONS_FILE,
     HostFacts,
     ProbeGap,
@@ -23,6 +25,7 @@ from topology.facts import (
     Software,
     TbPort,
 )
+from topology.host_rates import HostRates, parse_rates
 from topology.parse import (
     Ifconfig,
     SwVers,
@@ -38,6 +41,7 @@ from topology.parse import (
     parse_versions,
     thunderbolt_ifaces,
 )
+from topology.untrusted import json_depth
 
 UNAME_FILE = "uname.txt"
 ERROR_SUFFIX = ".error"
@@ -99,6 +103,11 @@ def _software(r: _Reader) -> Software | None:
     if not error or error.startswith(SSH_FAILED):
         return None  # not recorded (an older snapshot), or the host did not answer at all
     return Software((), one_line(error.splitlines()[0], 300))
+
+
+def _rates(text: str) -> HostRates:
+    json_depth(text)  # deep nesting refused (a ValueError) before json.loads recurses into it
+    return parse_rates(text)
 
 
 def _is_mac(files: Mapping[str, str | None], sw: SwVers | None) -> bool:
@@ -180,6 +189,8 @@ def host_facts(
         addrs=ifc.addrs,
         software=_software(r),
         blas=None if is_mac else r.read(BLAS_FILE, parse_blas, needed=False),
+        # Not recorded, or the microbenchmark failed: the chip table stands in (no problem).
+        rates=r.read(RATES_FILE, _rates, needed=False),
         gaps=tuple(r.gaps),
     )
 

@@ -22,6 +22,7 @@ def check_json(result: CheckResult) -> dict[str, object]:
                 "macos": h.macos,
                 "rdma": h.rdma,
                 **({"blas": h.blas} if h.blas is not None else {}),  # Linux hosts' blas.txt
+                **({"rates": h.rates.to_json()} if h.rates is not None else {}),  # rates.json
             }
             for h in result.hosts
         ],

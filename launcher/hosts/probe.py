@@ -3,8 +3,10 @@
 stdout is kept byte for byte (decoded with surrogateescape, so writing it back restores the bytes).
 When a command fails, `<file>.error` says how (exit code and the first stderr lines); `uname.txt`
 (`uname -s`) tells a Mac from a Linux box; `versions.txt` is what the host's configured python
-(the one its ranks will run) has installed, and on hosts that are not Macs `blas.txt` the BLAS
-a rank there would use (`python -m cluster.blas`). Hosts are probed in parallel; every command
+(the one its ranks will run) has installed, on hosts that are not Macs `blas.txt` the BLAS
+a rank there would use (`python -m cluster.blas`), and `rates.json` what that python's MLX
+computes and copies per second (`python -m cluster.microbench`: a few seconds, run beside the
+other commands so the probe takes hardly longer). Hosts are probed in parallel; every command
 has a timeout.
 """
 
@@ -13,11 +15,11 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from launcher.hosts.ssh import is_local, ssh_argv
 from topology.cluster_file import ClusterSpec, HostSpec
-from topology.facts import BLAS_FILE, VERSIONS_FILE
+from topology.facts import BLAS_FILE, RATES_FILE, VERSIONS_FILE
 from topology.host_facts import COMMANDS, ERROR_SUFFIX, SSH_FAILED, UNAME_FILE
 
 COMMAND_TIMEOUT_S = 30.0  # system_profiler can take several seconds on a busy Mac
@@ -45,6 +47,22 @@ def versions_argv(python: str) -> tuple[str, ...]:
 
 def blas_argv(python: str) -> tuple[str, ...]:
     return (python, "-m", "cluster.blas")  # cluster/blas.py: standard library only, no MLX
+
+
+def rates_argv(python: str) -> tuple[str, ...]:
+    # Under the BLAS a rank there would use: cluster/microbench.py preloads it as a rank does.
+    return (python, "-m", "cluster.microbench")
+
+
+def _shown(file: str, python: str) -> tuple[str, ...]:
+    """The command named in a file's `.error` note."""
+    if file in PROBES:
+        return PROBES[file]
+    if file == BLAS_FILE:
+        return blas_argv(python)
+    if file == RATES_FILE:
+        return rates_argv(python)
+    return (python, "-c", "<versions script>")
 
 
 def _decode(data: bytes) -> str:
@@ -79,23 +97,28 @@ def _probe(
     argv_for: dict[str, list[str]], remote: bool, timeout_s: float, python: str
 ) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
-    for file, argv in argv_for.items():
-        if file == BLAS_FILE and (out.get(UNAME_FILE) or "").startswith("Darwin"):
-            continue  # a Mac's MLX uses Accelerate
-        rc, stdout, err = _run(argv, timeout_s)
-        if remote and rc in (SSH_EXIT, TIMED_OUT) and file == UNAME_FILE:
-            # ssh itself failed or hung (unreachable, key refused, a login that never ends):
-            # every file would fail the same way, each after its own timeout.
-            first = err.splitlines()[0] if err else "no error output"
-            reason = f"{SSH_FAILED} (exit {rc}): {first}"
-            for name in argv_for:
-                out[name] = None
-                out[name + ERROR_SUFFIX] = f"{reason}\n{err}\n"
-            return out
-        shown = PROBES.get(file) or (
-            blas_argv(python) if file == BLAS_FILE else (python, "-c", "<versions script>")
-        )
-        _record(out, file, shown, rc, stdout, err)
+    rates: Future[tuple[int, bytes, str]] | None = None
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        for file, argv in argv_for.items():
+            if file == RATES_FILE:
+                continue  # started once the host answered (below), collected at the end
+            if file == BLAS_FILE and (out.get(UNAME_FILE) or "").startswith("Darwin"):
+                continue  # a Mac's MLX uses Accelerate
+            rc, stdout, err = _run(argv, timeout_s)
+            if remote and rc in (SSH_EXIT, TIMED_OUT) and file == UNAME_FILE:
+                # ssh itself failed or hung (unreachable, key refused, a login that never
+                # ends): every file would fail the same way, each after its own timeout.
+                first = err.splitlines()[0] if err else "no error output"
+                reason = f"{SSH_FAILED} (exit {rc}): {first}"
+                for name in argv_for:
+                    out[name] = None
+                    out[name + ERROR_SUFFIX] = f"{reason}\n{err}\n"
+                return out
+            _record(out, file, _shown(file, python), rc, stdout, err)
+            if file == UNAME_FILE and RATES_FILE in argv_for:
+                rates = beside.submit(_run, argv_for[RATES_FILE], timeout_s)
+        if rates is not None:
+            _record(out, RATES_FILE, _shown(RATES_FILE, python), *rates.result())
     return out
 
 
@@ -108,6 +131,7 @@ def probe_local(
     argv_for = {f: list(cmd) for f, cmd in PROBES.items()}
     argv_for[VERSIONS_FILE] = list(versions_argv(python))
     argv_for[BLAS_FILE] = list(blas_argv(python))
+    argv_for[RATES_FILE] = list(rates_argv(python))
     return _probe(argv_for, remote=False, timeout_s=timeout_s, python=python)
 
 
@@ -121,6 +145,7 @@ def probe_host(
     argv_for = {f: ssh_argv(spec, host, cmd) for f, cmd in PROBES.items()}
     argv_for[VERSIONS_FILE] = ssh_argv(spec, host, versions_argv(python))
     argv_for[BLAS_FILE] = ssh_argv(spec, host, blas_argv(python))
+    argv_for[RATES_FILE] = ssh_argv(spec, host, rates_argv(python))
     return _probe(argv_for, remote=True, timeout_s=timeout_s, python=python)
 
 

@@ -1,7 +1,7 @@
 """Plans from real inputs: a cluster file (probed live), a snapshot, or this machine (--local N).
 
 The I/O around topology.planning.plan: probing, reading snapshots, finding this machine's
-memory and chip.
+memory, chip and measured rates.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.planning.calibration_store import load_calibration
+from launcher.planning.local_rates import local_rates
 from launcher.planning.model_source import load_model_spec
 from topology.cluster_file import ClusterSpec
 from topology.facts import CheckResult, HostFacts, Software
@@ -60,6 +61,11 @@ def this_machine() -> HostFacts:
         is_mac=platform.system() == "Darwin",
         wired_limit_bytes=wired_bytes,
     )
+
+
+def measured_machine() -> HostFacts:
+    """this_machine() with its measured rates (cached after the first time: local_rates.py)."""
+    return replace(this_machine(), rates=local_rates())
 
 
 def empty_hostfile(plan: Plan) -> dict[str, Any]:
@@ -149,7 +155,7 @@ def plan_for_local(
     n: int, model_spec: ModelSpec, *, strategy: str, context: int | None
 ) -> tuple[Plan, dict[str, Any]]:
     plan = plan_local(
-        this_machine(), n, model_spec, strategy=strategy, context=context,
+        measured_machine(), n, model_spec, strategy=strategy, context=context,
         calibration=load_calibration(),  # bench --calibrate's numbers, when saved
     )  # fmt: skip
     if not plan.ok:
@@ -173,7 +179,7 @@ def checked_plan_for_local(
     n: int, model_spec: ModelSpec, *, strategy: str, context: int | None
 ) -> tuple[CheckResult, Plan, dict[str, Any]]:
     """plan_for_local, with this machine checked as `topology check` would (serve's dashboard)."""
-    host = replace(this_machine(), software=this_software())
+    host = replace(measured_machine(), software=this_software())
     plan = plan_local(
         host, n, model_spec, strategy=strategy, context=context,
         calibration=load_calibration(),

@@ -23,8 +23,10 @@ import synth
 import yaml
 from paths import MLX_CLUSTER as CLI_PATH
 
+from cluster.microbench import DEFAULT_KINDS
 from hosts.netns import VENV_PYTHON, EmulatedHosts, require
 from topology.cluster_file import parse_cluster
+from topology.host_rates import parse_rates
 
 MLX_CLUSTER = str(CLI_PATH)
 TTL_S = 2  # agents' record TTL here: a crashed agent must vanish from discover within ~this
@@ -151,9 +153,16 @@ def test_agent_serves_only_get_on_its_interface(lan: EmulatedHosts, agents: Agen
             conn.close()
 
     status, body = request("GET", "/snapshot")
-    assert status == 200 and "sw_vers.txt" in json.loads(body)
+    snapshot = json.loads(body)
+    assert status == 200 and "sw_vers.txt" in snapshot
+    # Measured once at start (cluster.microbench), served as the file and among the facts.
+    rates = parse_rates(snapshot["rates.json"])
+    assert rates.device == "cpu" and set(rates.matmul_gflops) == set(DEFAULT_KINDS)
     status, body = request("GET", "/facts")
-    assert status == 200 and json.loads(body)["host"]["name"] == "h0"
+    host = json.loads(body)["host"]
+    assert status == 200 and host["name"] == "h0"
+    assert host["rates"]["copy_gbs"] == rates.copy_gbs
+    assert host["rates"]["matmul_gflops"] == rates.to_json()["matmul_gflops"]
     assert request("POST", "/snapshot")[0] == 405
     assert request("DELETE", "/facts")[0] == 405
     assert request("GET", "/etc/passwd")[0] == 404

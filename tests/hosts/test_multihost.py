@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cluster.microbench import DEFAULT_KINDS
 from hosts.launching import (
     Streaming,
     cli,
@@ -28,6 +29,8 @@ from hosts.launching import (
     wait_until_empty,
 )
 from hosts.netns import VENV_PYTHON, EmulatedHosts, require
+from launcher.hosts.snapshots import load_snapshot
+from topology.host_rates import parse_rates
 
 PROMPT = "Tell me about clusters"
 MAX_TOKENS = 12
@@ -310,3 +313,25 @@ def test_topology_check_over_ssh_says_linux_hosts_are_not_macs_and_ring_only(
     not_macs = [p for p in report["problems"] if p["code"] == "not_a_mac"]
     assert sorted(h for p in not_macs for h in p["hosts"]) == ["h0", "h1"]
     assert all(p["severity"] == "warning" and "ring" in p["message"] for p in not_macs)
+    # Each host's python measured its rates over ssh (cluster.microbench), and check shows them.
+    for host in report["hosts"]:
+        rates = parse_rates(json.dumps(host["rates"]))
+        assert rates.device == "cpu" and set(rates.matmul_gflops) == set(DEFAULT_KINDS)
+
+    # A snapshot where h1's python lacks mlx-cluster: its rates.json fails alone (noted beside
+    # it, as blas.txt's failure is); the snapshot is whole and reads back without a rates gap.
+    doc = yaml.safe_load(cluster.read_text())
+    doc["hosts"][1]["python"] = "/usr/bin/python3"
+    cluster.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "snap"
+    done = cli("topology", "snapshot", str(cluster), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    h0 = parse_rates((out / "h0" / "rates.json").read_text())
+    assert h0.device == "cpu" and set(h0.matmul_gflops) == set(DEFAULT_KINDS)
+    assert not (out / "h1" / "rates.json").exists()
+    failed = (out / "h1" / "rates.json.error").read_text()
+    assert "/usr/bin/python3 -m cluster.microbench` failed (exit 1)" in failed
+    assert "No module named" in failed and (out / "h1" / "versions.txt").is_file()
+    facts = {h.name: h for h in load_snapshot(out)}
+    assert facts["h0"].rates == h0 and facts["h1"].rates is None
+    assert not any(g.file == "rates.json" for h in facts.values() for g in h.gaps)

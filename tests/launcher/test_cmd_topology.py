@@ -10,6 +10,8 @@ import pytest
 import synth
 from paths import MLX_CLUSTER, ROOT
 
+from topology.host_rates import parse_rates
+
 CLI = str(MLX_CLUSTER)
 SNAPSHOTS = ROOT / "hostfiles" / "snapshots"
 
@@ -110,6 +112,10 @@ def test_snapshot_localhost_on_linux_then_check(tmp_path: Path) -> None:
     obj = json.loads(check.stdout)
     assert obj["backend"] == "ring"
     assert [p["code"] for p in obj["problems"]] == ["not_a_mac"]
+    # rates.json: measured by this python's microbenchmark, recorded as printed, shown by check
+    measured = parse_rates((out / "localhost" / "rates.json").read_text())
+    assert measured.device == "cpu" and measured.copy_gbs > 0
+    assert obj["hosts"][0]["rates"] == measured.to_json()
     text = run("topology", "check", "--snapshot", out, "--backend", "ring")
     assert (
         text.returncode == 0 and "not a Mac" in text.stdout and "WARNING not_a_mac" in text.stdout

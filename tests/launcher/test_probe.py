@@ -6,9 +6,11 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from cluster.microbench import DEFAULT_KINDS
 from launcher.hosts.probe import PROBES, probe_hosts, probe_local
 from launcher.hosts.ssh import ssh_argv
 from topology.cluster_file import hosts_from_list, parse_cluster
+from topology.facts import RATES_FILE
 from topology.host_facts import host_facts
 from topology.problems import check
 
@@ -40,8 +42,8 @@ def test_unreachable_ssh_host_fails_fast_with_one_reason() -> None:
         "ssh_options: ['-p', '1', '-o', 'ConnectTimeout=3']\n"
     )
     files = probe_hosts(spec, timeout_s=20)["gone"]
-    assert all(files[f] is None for f in PROBES)
-    errors = {files[f + ".error"] for f in PROBES}
+    assert all(files[f] is None for f in (*PROBES, RATES_FILE))
+    errors = {files[f + ".error"] for f in (*PROBES, RATES_FILE)}
     assert len(errors) == 1
     error = errors.pop() or ""
     assert error.startswith("ssh failed (exit 255)") and "127.0.0.1" in error
@@ -67,7 +69,7 @@ def test_ssh_argv_batch_mode_timeout_options_and_quoting() -> None:
     assert argv2.count("ConnectTimeout=2") == 1 and "ConnectTimeout=5" not in argv2
 
 
-def test_probe_records_versions_with_the_configured_python() -> None:
+def test_probe_records_versions_and_rates_with_the_configured_python() -> None:
     import sys
     from importlib.metadata import version
 
@@ -82,5 +84,11 @@ def test_probe_records_versions_with_the_configured_python() -> None:
     assert gone["versions.txt"] is None and "exit 127" in (gone["versions.txt.error"] or "")
     missing = host_facts("localhost", gone)
     assert missing.software is not None and missing.software.error is not None
+    # rates.json: that python's microbenchmark; failed, it is noted and no problem of its own
+    assert facts.rates is not None and facts.rates.device == "cpu"
+    assert set(facts.rates.matmul_gflops) == set(DEFAULT_KINDS)
+    assert gone[RATES_FILE] is None and "exit 127" in (gone[RATES_FILE + ".error"] or "")
+    assert "cluster.microbench" in (gone[RATES_FILE + ".error"] or "")
+    assert missing.rates is None and all(g.file != RATES_FILE for g in missing.gaps)
     [p] = [p for p in check([missing]).problems if p.code == "software_missing"]
     assert "/no/such/python3" in p.message and p.severity == "error"

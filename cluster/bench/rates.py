@@ -1,0 +1,164 @@
+"""What this host's MLX computes and copies per second on its default device (cluster.microbench).
+
+Copy bandwidth: a large float32 array (256 MB on a GPU, 128 MB on a CPU) has 1 added to every
+element (read once, written once; an add, not a copy, so no lazy view can skip the work).
+Matmul throughput: x @ W.T as a model's linear layers call it, at 1, 8 and 512 rows, with a
+2048 x 2048 weight of each kind (a float dtype, or 4- / 8-bit affine quantization in groups of
+64 with bfloat16 activations and scales, as mlx-community's models are); GFLOP/s =
+2 · rows · K · N / seconds.
+
+Every point gets a share of a wall-clock budget, so a slow host (the reference BLAS, MLX's CPU
+quantized kernels: 0.1 GFLOP/s here) still finishes in seconds: a point whose call would not fit
+its share, judged from the kind's rate at fewer rows, is timed with fewer output columns (N).
+The rate kept is the best sample, not the median: other processes only ever add time, and the
+planner wants what a rank here can attain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import mlx.core as mx
+
+from topology.host_rates import ROWS, HostRates
+
+WIDTH = 2048  # K, and N unless cut to fit the budget: one mid-sized model's layer
+GROUP = 64  # mlx-lm's default quantization group
+MIN_OUT = 8  # the narrowest N a point is cut to (MLX's CPU quantized kernels: 0.1 GFLOP/s)
+# Beyond any cache, as a model's weights are; a CPU's copy is slower and its caches smaller.
+GPU_COPY_BYTES, CPU_COPY_BYTES = 256 << 20, 128 << 20
+COPY_SHARE = 0.15  # of the budget
+MAX_CALLS = 64  # calls evaluated together in one sample (short GPU calls: launch cost shared)
+MAX_SAMPLES = 10
+SAMPLE_SHARE = 0.1  # of a point's budget: how long one sample of several calls aims to last
+SAFETY = 4  # a call is sized to 1/4 of its point's budget: the guess from fewer rows can be 2x off
+
+FLOATS = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+QUANTIZED_DTYPE = mx.bfloat16  # activations and scales of a quantized model
+
+Mul = Callable[[mx.array], mx.array]  # x -> x @ W.T for one weight
+
+
+def _seconds(run: Callable[[int], None], calls: int) -> float:
+    start = time.perf_counter()
+    run(calls)
+    return time.perf_counter() - start
+
+
+def best_per_call(run: Callable[[int], None], budget_s: float) -> float:
+    """Seconds per call of `run(n)` (n calls, evaluated together), best sample. The first call
+    is also the warm-up (kernels built, buffers allocated, BLAS threads started): alone it
+    counts only when it took twice the budget (a slow path, beside which such costs are
+    small). A second call sizes the samples of several calls, taken while the budget lasts."""
+    start = time.perf_counter()
+    best = max(_seconds(run, 1), 1e-9)
+    if best >= 2 * budget_s:
+        return best
+    best = max(min(best, _seconds(run, 1)), 1e-9)
+    calls = max(1, min(MAX_CALLS, int(budget_s * SAMPLE_SHARE / best)))
+    for _ in range(MAX_SAMPLES):
+        if time.perf_counter() - start + calls * best > budget_s:
+            break
+        best = max(min(best, _seconds(run, calls) / calls), 1e-9)
+    return best
+
+
+def pattern(shape: tuple[int, int], scale: float) -> mx.array:
+    """Values spread over ±scale/2, made by a few elementwise passes: random draws of millions
+    of values cost a CPU a good part of the budget, and the values do not change the speed."""
+    n = shape[0] * shape[1]
+    return ((mx.arange(n, dtype=mx.float32) % 251) / 251 - 0.5).reshape(shape) * scale
+
+
+def copy_gbs(budget_s: float) -> float:
+    """Bytes read + written per second (/1e9) by an elementwise pass over a large array."""
+    size = GPU_COPY_BYTES if device() == "gpu" else CPU_COPY_BYTES
+    a = mx.arange(size // 4, dtype=mx.float32)  # materialized, unlike zeros (a broadcast)
+    mx.eval(a)
+
+    def run(calls: int) -> None:
+        y = a
+        for _ in range(calls):
+            y = y + 1  # after the first, MLX may write in place: still one read and one write
+        mx.eval(y)
+
+    return 2 * size / best_per_call(run, budget_s) / 1e9
+
+
+def _weight(kind: str, w: mx.array) -> tuple[mx.Dtype, Callable[[int], Mul]]:
+    """The activation dtype, and for N the multiply by the first N rows of w in this kind."""
+    if kind in FLOATS:
+        wf = w.astype(FLOATS[kind])
+        mx.eval(wf)
+
+        def floats(n: int) -> Mul:
+            rows = wf[:n]
+            return lambda x: x @ rows.T
+
+        return FLOATS[kind], floats
+    bits = int(kind.removeprefix("q"))
+    q, scales, biases = mx.quantize(w.astype(QUANTIZED_DTYPE), group_size=GROUP, bits=bits)
+    mx.eval(q, scales, biases)
+
+    def quantized(n: int) -> Mul:
+        parts = (q[:n], scales[:n], biases[:n])
+        return lambda x: mx.quantized_matmul(x, *parts, transpose=True, group_size=GROUP, bits=bits)
+
+    return QUANTIZED_DTYPE, quantized
+
+
+def _out_width(rows: int, rate_gflops: float | None, budget_s: float) -> int:
+    """N for this point: WIDTH unless one call, at the rate seen at fewer rows, overruns its
+    share (more rows usually only share the weight's reads; SAFETY covers a slower rate)."""
+    if rate_gflops is None:
+        return WIDTH
+    call_s = 2 * rows * WIDTH * WIDTH / (rate_gflops * 1e9)
+    target_s = budget_s / SAFETY
+    if call_s <= target_s:
+        return WIDTH
+    return max(MIN_OUT, int(WIDTH * target_s / call_s) // MIN_OUT * MIN_OUT)
+
+
+def _runner(mul: Mul, x: mx.array) -> Callable[[int], None]:
+    # The same x every call: MLX evaluates every node it is given, merging none (checked: n
+    # calls take n times as long).
+    return lambda calls: mx.eval([mul(x) for _ in range(calls)])
+
+
+def matmul_gflops(kind: str, w: mx.array, budget_s: float) -> dict[int, float]:
+    """GFLOP/s of x @ W.T at each of ROWS for this weight kind, each point timed within an
+    equal share of budget_s (making the weight and inputs not counted)."""
+    dtype, weight = _weight(kind, w)
+    rates: dict[int, float] = {}
+    rate: float | None = None
+    for rows in ROWS:
+        point_s = budget_s / len(ROWS)
+        out = _out_width(rows, rate, point_s)
+        x = pattern((rows, WIDTH), 2.0).astype(dtype)
+        mx.eval(x)
+        seconds = best_per_call(_runner(weight(out), x), point_s)
+        rate = rates[rows] = 2 * rows * WIDTH * out / seconds / 1e9
+    return rates
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def device() -> str:
+    return "gpu" if mx.default_device().type == mx.DeviceType.gpu else "cpu"
+
+
+def measure(kinds: Sequence[str], seconds: float) -> HostRates:
+    """The host's rates: `seconds` of timing shared out (a COPY_SHARE to the copy, the rest
+    equally to the kinds), plus making the arrays (kept small: one weight cast per kind)."""
+    copy = copy_gbs(seconds * COPY_SHARE)
+    # Scaled as an initialized layer is, so float16 sums stay finite.
+    w = pattern((WIDTH, WIDTH), WIDTH**-0.5)
+    mx.eval(w)
+    per_kind = seconds * (1 - COPY_SHARE) / len(kinds)
+    table = {
+        kind: {r: _round(g) for r, g in matmul_gflops(kind, w, per_kind).items()} for kind in kinds
+    }
+    return HostRates(_round(copy), table, device())

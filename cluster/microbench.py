@@ -1,0 +1,95 @@
+"""`python -m cluster.microbench [--kinds float32,q4,...] [--seconds S]`: this host's rates.
+
+Prints one JSON object, rates.json of a snapshot (topology/host_rates.py parses it): copy
+bandwidth and matmul GFLOP/s per weight kind at 1, 8 and 512 rows on MLX's default device
+(cluster/bench/rates.py measures), plus the BLAS MLX multiplied with. The topology probe runs it
+on every host, the agent once at start, `--local N` once per machine (then cached).
+
+On Linux the rates must be those of the BLAS a rank multiplies with, so before MLX is imported
+this executes itself again exactly as a rank does (cluster/blas.py: the same library chosen and
+preloaded, the same environment; OpenBLAS's threads those of a rank alone on the host, unless
+OPENBLAS_NUM_THREADS says otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from cluster import blas, heap
+from cluster.job import RankJob
+from topology.errors import InputError
+from topology.host_rates import KINDS
+
+DEFAULT_KINDS = ("float32", "bfloat16", "q4", "q8")
+DEFAULT_SECONDS = 1.5
+MAX_SECONDS = 60.0
+# The rates are a host's, as one rank alone on it would see them (its BLAS threads: every core).
+LONE_RANK = RankJob(rank=0, world_size=1, backend="ring", strategy="tensor", model="")
+
+
+def with_rank_blas() -> None:
+    """Execute this process again with the BLAS a rank here would preload; returns when a rank
+    would keep what this process has (not Linux, none installed, already preloaded)."""
+    library = blas.choose(os.environ, {})
+    if library is None or not sys.executable:
+        return
+    env = blas.preload_env(os.environ, {}, library, blas.threads_for(LONE_RANK))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def parse_kinds(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in value.split(","))
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise click.BadParameter(f"{bad[0][:20]!r} is not one of {', '.join(KINDS)}")
+    if len(set(kinds)) != len(kinds):
+        raise click.BadParameter("a kind is named twice")
+    return kinds
+
+
+def parse_seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value[:20]!r} is not a number") from None
+    if not 0.1 <= seconds <= MAX_SECONDS:  # also refuses nan
+        raise click.BadParameter(f"must be 0.1–{MAX_SECONDS:g} seconds")
+    return seconds
+
+
+@click.command()
+@click.option(
+    "--kinds",
+    default=",".join(DEFAULT_KINDS),
+    show_default=True,
+    callback=parse_kinds,
+    help=f"Weight kinds to time, comma-separated ({', '.join(KINDS)}).",
+)
+@click.option(
+    "--seconds",
+    default=str(DEFAULT_SECONDS),
+    show_default=True,
+    callback=parse_seconds,
+    help="Seconds of timing, shared by the copy and the kinds (making arrays not counted).",
+)
+def main(kinds: tuple[str, ...], seconds: float) -> None:
+    """Measure this host's copy bandwidth and matmul throughput; print them as JSON."""
+    try:
+        with_rank_blas()
+    except InputError as e:  # a bad MLX_CLUSTER_BLAS: a rank here would refuse it too
+        raise click.ClickException(str(e)) from None
+    heap.return_freed_buffers()  # as a rank does, before MLX allocates
+    from cluster.bench.rates import measure  # MLX only now: after the BLAS is in place
+
+    rates = measure(kinds, seconds)
+    click.echo(json.dumps({**rates.to_json(), "blas": blas.in_use()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""`python -m cluster.microbench` run as the probe runs it: one JSON object parse_rates accepts,
+every kind and row count measured, on the BLAS a rank here would use. Only structure and
+orderings far beyond noise are checked, never a speed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from paths import PYTHON
+
+from cluster import blas
+from cluster.microbench import DEFAULT_KINDS, LONE_RANK
+from topology.host_rates import ROWS, parse_rates
+
+OPENBLAS = blas.find_openblas()
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux ranks only")
+
+
+def _bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(PYTHON), "-m", "cluster.microbench", *args],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def _json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("\n") == 1  # one line: the object, nothing else on stdout
+    raw: dict[str, Any] = json.loads(done.stdout)
+    return raw
+
+
+def test_default_kinds_at_every_row_count_on_this_device() -> None:
+    raw = _json(_bench("--seconds", "0.5"))
+    rates = parse_rates(json.dumps(raw))
+    assert list(rates.matmul_gflops) == list(DEFAULT_KINDS)
+    for kind in DEFAULT_KINDS:
+        assert sorted(rates.matmul_gflops[kind]) == list(ROWS)
+        assert all(g > 0 for g in rates.matmul_gflops[kind].values())
+    assert rates.copy_gbs > 0
+    assert rates.device == ("gpu" if sys.platform == "darwin" else "cpu")
+    assert raw["source"] == "measured" and isinstance(raw["blas"], str)
+
+
+@linux_only
+def test_measures_with_the_blas_and_threads_a_lone_rank_here_gets() -> None:
+    if OPENBLAS is None:
+        pytest.skip("no OpenBLAS on this host (scripts/ci_system_deps installs it)")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "LD_PRELOAD")}
+    done = subprocess.run(
+        [str(PYTHON), "-m", "cluster.microbench", "--kinds", "float32", "--seconds", "0.3"],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    raw = _json(done)
+    threads = blas.threads_for(LONE_RANK)
+    assert raw["blas"].startswith("openblas ") and raw["blas"].endswith(f"({OPENBLAS})")
+    assert f" {threads} thread{'s' * (threads != 1)} (" in raw["blas"]
+    # OpenBLAS shares one read of the weight among the rows: 512 rows are far more GFLOP/s
+    # than one (about 25x here); the reference BLAS's flat rate would fail this.
+    float32 = parse_rates(json.dumps(raw)).matmul_gflops["float32"]
+    assert float32[512] > 3 * float32[1]
+
+
+@linux_only
+def test_reference_blas_when_a_rank_would_keep_it() -> None:
+    raw = _json(_bench("--kinds", "q4", "--seconds", "0.3", env={blas.CHOICE_ENV: "reference"}))
+    assert raw["blas"] == blas.REFERENCE
+    assert list(raw["matmul_gflops"]) == ["q4"]
+    assert sorted(map(int, raw["matmul_gflops"]["q4"])) == list(ROWS)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--kinds", "float64"], "--kinds"),
+        (["--kinds", "q4,q4"], "twice"),
+        (["--kinds", ""], "--kinds"),
+        (["--seconds", "nan"], "--seconds"),
+        (["--seconds", "0"], "--seconds"),
+        (["--seconds", "1e9"], "--seconds"),
+    ],
+)
+def test_bad_options_are_refused_before_measuring(args: list[str], says: str) -> None:
+    done = _bench(*args)
+    assert done.returncode == 2 and done.stdout == "" and says in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@linux_only
+def test_a_blas_setting_a_rank_would_refuse_fails_with_one_line() -> None:
+    done = _bench("--seconds", "0.3", env={blas.CHOICE_ENV: "libopenblas.so"})
+    assert done.returncode == 1 and done.stdout == ""
+    assert blas.CHOICE_ENV in done.stderr and "Traceback" not in done.stderr

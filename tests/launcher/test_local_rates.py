@@ -1,0 +1,107 @@
+"""`--local N` plans with this machine's measured rates: the microbenchmark runs once, then its
+result is read back from the cache ($MLX_CLUSTER_CACHE) while nothing it depends on changes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from paths import FIXTURES, MLX_CLUSTER
+
+from cluster import blas
+from launcher.planning import local_rates as lr
+from launcher.planning.cluster_plan import measured_machine
+from topology.host_rates import parse_rates
+
+CANNED = '{"copy_gbs": 3.0, "matmul_gflops": {"float32": {"1": 1.0, "512": 9.0}}, "device": "cpu"}'
+LLAMA = FIXTURES / "models" / "llama-3.3-70b-instruct-bf16"
+
+
+@pytest.fixture
+def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("MLX_CLUSTER_CACHE", str(folder))
+    return folder
+
+
+def _measured_never(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail() -> str | None:
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(lr, "measure", fail)
+
+
+def _measured_canned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+
+    def canned() -> str | None:
+        calls.append(1)
+        return CANNED
+
+    monkeypatch.setattr(lr, "measure", canned)
+    return calls
+
+
+def test_measured_once_then_read_back(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = lr.local_rates()  # the real microbenchmark, with this interpreter
+    assert first is not None and first.device == "cpu" and first.copy_gbs > 0
+    [kept] = cache.glob("rates-*.json")
+    assert json.loads(kept.read_text())["key"] == lr.rates_key()
+    _measured_never(monkeypatch)
+    assert lr.local_rates() == first
+    assert measured_machine().rates == first  # what plan --local and launch --local plan with
+
+
+def test_a_changed_key_or_a_broken_file_is_measured_again(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _measured_canned(monkeypatch)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    one_thread = lr.local_rates()
+    assert one_thread == parse_rates(CANNED) and len(calls) == 1
+    assert lr.local_rates() == one_thread and len(calls) == 1
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # other rates: another file
+    assert lr.local_rates() == one_thread and len(calls) == 2
+    assert len(list(cache.glob("rates-*.json"))) == 2
+    path = lr.rates_path(lr.rates_key())
+    for broken in ("{ not json", "[" * 10_000, json.dumps({"key": lr.rates_key(), "rates": 5})):
+        path.write_text(broken)
+        assert lr.local_rates() == one_thread
+    assert len(calls) == 5
+    assert parse_rates(json.dumps(json.loads(path.read_text())["rates"])) == one_thread
+    other = {**json.loads(path.read_text()), "key": {**lr.rates_key(), "host": "elsewhere"}}
+    path.write_text(json.dumps(other))  # another machine's file under this name: not used
+    assert lr.local_rates() == one_thread and len(calls) == 6
+
+
+def test_a_failed_measurement_plans_without_rates_and_keeps_nothing(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(blas.CHOICE_ENV, "libnothing.so")  # the microbenchmark refuses it
+    assert lr.local_rates() is None
+    err = capsys.readouterr().err
+    assert err.startswith("mlx-cluster: warning: could not measure this machine's rates (exit 1")
+    assert blas.CHOICE_ENV in err and err.count("\n") == 1
+    assert not list(cache.glob("rates-*"))
+
+
+def test_plan_local_twice_measures_once(tmp_path: Path) -> None:
+    env = {**os.environ, "MLX_CLUSTER_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+
+    def plan() -> None:
+        done = subprocess.run(
+            [str(MLX_CLUSTER), "plan", "--local", "2", "--model", str(LLAMA), "--json"],
+            capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert done.returncode in (0, 1) and json.loads(done.stdout), done.stderr
+        assert "warning" not in done.stderr
+
+    plan()
+    [kept] = (tmp_path / "cache").glob("rates-*.json")
+    before = (kept.stat().st_mtime_ns, kept.read_text())
+    plan()
+    assert list((tmp_path / "cache").glob("rates-*")) == [kept]
+    assert (kept.stat().st_mtime_ns, kept.read_text()) == before
