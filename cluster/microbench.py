@@ -3,7 +3,9 @@
 Prints one JSON object, rates.json of a snapshot (topology/host_rates.py parses it): copy
 bandwidth and matmul GFLOP/s per weight kind at 1, 8 and 512 rows on MLX's default device
 (cluster/bench/rates.py measures), plus the BLAS MLX multiplied with. The topology probe runs it
-on every host, the agent once at start, `--local N` once per machine (then cached).
+on every host, the agent once at start, `--local N` once per machine. With the default kinds and
+seconds the result is kept (cluster/bench/rates_cache.py) and printed again on the next run
+without measuring: a `launch` probes every host, and measuring costs seconds; --fresh measures.
 
 On Linux the rates must be those of the BLAS a rank multiplies with, so before MLX is imported
 this executes itself again exactly as a rank does (cluster/blas.py: the same library chosen and
@@ -20,11 +22,13 @@ import sys
 import click
 
 from cluster import blas, heap
+from cluster.bench import rates_cache
 from cluster.job import RankJob
 from topology.errors import InputError
 from topology.host_rates import KINDS
 
 DEFAULT_KINDS = ("float32", "bfloat16", "q4", "q8")
+KEY_ENV = "MLX_CLUSTER_RATES_KEY"  # the cache key, carried over the BLAS re-execution
 DEFAULT_SECONDS = 1.5
 MAX_SECONDS = 60.0
 # The rates are a host's, as one rank alone on it would see them (its BLAS threads: every core).
@@ -78,8 +82,18 @@ def parse_seconds(ctx: click.Context, param: click.Parameter, value: str) -> flo
     callback=parse_seconds,
     help="Seconds of timing, shared by the copy and the kinds (making arrays not counted).",
 )
-def main(kinds: tuple[str, ...], seconds: float) -> None:
+@click.option("--fresh", is_flag=True, help="Measure even when this host's rates are kept.")
+def main(kinds: tuple[str, ...], seconds: float, fresh: bool) -> None:
     """Measure this host's copy bandwidth and matmul throughput; print them as JSON."""
+    # The key comes from the caller's environment, before the BLAS re-execution changes it
+    # (--local N reads the same file back in its own process with the same key).
+    given = os.environ.get(KEY_ENV)
+    key = json.loads(given) if given else rates_cache.rates_key()
+    kept = kinds == DEFAULT_KINDS and seconds == DEFAULT_SECONDS
+    if kept and not fresh and (hit := rates_cache.cached(key)) is not None:
+        click.echo(json.dumps(hit))
+        return
+    os.environ[KEY_ENV] = json.dumps(key)
     try:
         with_rank_blas()
     except InputError as e:  # a bad MLX_CLUSTER_BLAS: a rank here would refuse it too
@@ -88,7 +102,10 @@ def main(kinds: tuple[str, ...], seconds: float) -> None:
     from cluster.bench.rates import measure  # MLX only now: after the BLAS is in place
 
     rates = measure(kinds, seconds)
-    click.echo(json.dumps({**rates.to_json(), "blas": blas.in_use()}))
+    out = {**rates.to_json(), "blas": blas.in_use()}
+    if kept:
+        rates_cache.keep(key, out)
+    click.echo(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@ and on a Linux node it is what binds. Pure: parsed from the JSON the microbenchm
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from topology.untrusted import parse_json
 
 # Weight kinds the microbenchmark times: a model's dtype, or its quantization in bits.
 KINDS = ("float32", "float16", "bfloat16", "q4", "q8")
@@ -24,7 +25,8 @@ ROWS = (1, 8, 512)  # decode, a batch or speculative check, a prefill chunk
 
 @dataclass(frozen=True)
 class HostRates:
-    """Measured rates of one host (and the device and threads they were measured with)."""
+    """Measured rates of one host, as one rank alone on it sees them (its BLAS threads: every
+    core), and the device they were measured on."""
 
     copy_gbs: float  # a large array copy: bytes read + written per second / 1e9
     matmul_gflops: Mapping[str, Mapping[int, float]]  # kind -> rows -> GFLOP/s
@@ -66,10 +68,7 @@ def weight_kind(dtype: str, bits: int) -> str:
 
 def parse_rates(text: str) -> HostRates:
     """rates.json -> HostRates; ValueError with a short reason on anything malformed."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON (line {e.lineno})") from None
+    raw = parse_json(text)  # Refused (a ValueError) on bad JSON or deep nesting
     if not isinstance(raw, Mapping):
         raise ValueError("must be a JSON object")
     copy = _rate(raw.get("copy_gbs"), "copy_gbs")

@@ -104,9 +104,9 @@ def _planner(
     """The planner for --local N or a cluster file; an exit code when hosts do not answer."""
     check_hosts_source(cluster_file, local, backend)
     if local is not None:
-        from launcher.planning.cluster_plan import this_machine
+        from launcher.planning.cluster_plan import measured_machine
 
-        return local_planner(this_machine(), local, spec, context, prompt_tokens)
+        return local_planner(measured_machine(), local, spec, context, prompt_tokens)
     from launcher.hosts.gather import probe_facts, read_cluster
     from launcher.hosts.reachability import refuse_unreachable
 

@@ -19,7 +19,7 @@ from launch_helpers import MARKER_VAR, rank_pids
 from cluster.tiny_model import write_tiny_model
 from launcher.bench.report import Row, measure, percentile, with_speedups
 from launcher.planning.calibration_store import load_calibration
-from launcher.planning.cluster_plan import this_machine
+from launcher.planning.cluster_plan import measured_machine
 from launcher.planning.model_source import load_model_spec
 from topology.planning.plan import plan_local
 
@@ -124,7 +124,9 @@ def test_bench_with_speculation_reports_the_accepted_drafts(model: Path, tmp_pat
     assert "accepted" not in done.stdout and "drafted" not in done.stderr
 
 
-def test_calibrate_saves_numbers_the_planner_then_uses(model: Path, tmp_path: Path) -> None:
+def test_calibrate_saves_numbers_the_planner_then_uses(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache, out = tmp_path / "cache", tmp_path / "bench.json"
     done = bench(
         cache, "--local", "2", "--model", str(model), "--sizes", "2", "--strategies", "tensor",
@@ -143,12 +145,12 @@ def test_calibrate_saves_numbers_the_planner_then_uses(model: Path, tmp_path: Pa
     assert row["predicted_calibrated_tok_s"] != row["predicted_decode_tok_s"]
     assert row["prediction_error_calibrated"] is not None
 
-    # `plan` (and so `launch`) read the saved file: the prediction is the calibrated one.
+    # `plan` (and so `launch`) read the saved file: the prediction is the calibrated one. Both
+    # folders hold this machine's measured rates too (bench and plan keep them there): planned
+    # here from the same file, the figures are the CLI's to the last digit.
     spec = load_model_spec(str(model))
-    expected = plan_local(this_machine(), 2, spec, strategy="tensor", calibration=calibration)
-    plain = plan_local(this_machine(), 2, spec, strategy="tensor")
-    assert expected.predicted_decode_tok_s != plain.predicted_decode_tok_s
-    for folder, want in ((cache, expected), (tmp_path / "empty", plain)):
+    predictions = {}
+    for folder, calibration_used in ((cache, calibration), (tmp_path / "empty", None)):
         shown = subprocess.run(
             [MLX_CLUSTER, "plan", "--local", "2", "--model", str(model), "--strategy", "tensor",
              "--json"],
@@ -156,7 +158,15 @@ def test_calibrate_saves_numbers_the_planner_then_uses(model: Path, tmp_path: Pa
             env={**os.environ, "MLX_CLUSTER_CACHE": str(folder)},
         )  # fmt: skip
         assert shown.returncode == 0, shown.stderr
-        assert json.loads(shown.stdout)["predicted_decode_tok_s"] == want.predicted_decode_tok_s
+        monkeypatch.setenv("MLX_CLUSTER_CACHE", str(folder))
+        want = plan_local(measured_machine(), 2, spec, strategy="tensor",
+                          calibration=calibration_used)  # fmt: skip
+        assert want.ok and measured_machine().rates is not None
+        predictions[folder] = json.loads(shown.stdout)["predicted_decode_tok_s"]
+        assert predictions[folder] == want.predicted_decode_tok_s
+    uncalibrated = plan_local(measured_machine(), 2, spec, strategy="tensor")
+    calibrated = plan_local(measured_machine(), 2, spec, strategy="tensor", calibration=calibration)
+    assert calibrated.predicted_decode_tok_s != uncalibrated.predicted_decode_tok_s
 
 
 def test_rates_and_latencies_from_token_times() -> None:
