@@ -25,9 +25,8 @@ from cluster import blas, heap
 from cluster.bench import rates_cache
 from cluster.job import RankJob
 from topology.errors import InputError
-from topology.host_rates import KINDS
+from topology.host_rates import DEFAULT_KINDS, KINDS
 
-DEFAULT_KINDS = ("float32", "bfloat16", "q4", "q8")
 KEY_ENV = "MLX_CLUSTER_RATES_KEY"  # the cache key, carried over the BLAS re-execution
 DEFAULT_SECONDS = 1.5
 MAX_SECONDS = 60.0

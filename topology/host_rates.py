@@ -18,8 +18,11 @@ from typing import Any
 
 from topology.untrusted import parse_json
 
-# Weight kinds the microbenchmark times: a model's dtype, or its quantization in bits.
-KINDS = ("float32", "float16", "bfloat16", "q4", "q8")
+# Weight kinds the microbenchmark times: a model's dtype, or its quantization in bits with
+# bfloat16 activations and scales (mlx-community's models) or float32 ones (-float32: a model
+# quantized from float32 weights; on a CPU these take another, far faster path).
+KINDS = ("float32", "float16", "bfloat16", "q4", "q8", "q4-float32", "q8-float32")
+DEFAULT_KINDS = ("float32", "bfloat16", "q4", "q8", "q4-float32", "q8-float32")
 ROWS = (1, 8, 512)  # decode, a batch or speculative check, a prefill chunk
 
 
@@ -60,9 +63,11 @@ class HostRates:
 
 
 def weight_kind(dtype: str, bits: int) -> str:
-    """The microbenchmark's kind for a model's weights: q4 / q8 when quantized, else its dtype."""
+    """The microbenchmark's kind for a model's weights: q4 / q8 when quantized (-float32 when
+    its activations are float32), else its dtype."""
     if bits < 16:
-        return "q4" if bits <= 4 else "q8"
+        base = "q4" if bits <= 4 else "q8"
+        return f"{base}-float32" if dtype == "float32" else base
     return dtype if dtype in KINDS else "bfloat16"
 
 

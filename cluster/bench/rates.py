@@ -97,15 +97,17 @@ def _weight(kind: str, w: mx.array) -> tuple[mx.Dtype, Callable[[int], Mul]]:
             return lambda x: x @ rows.T
 
         return FLOATS[kind], floats
-    bits = int(kind.removeprefix("q"))
-    q, scales, biases = mx.quantize(w.astype(QUANTIZED_DTYPE), group_size=GROUP, bits=bits)
+    name, _, activations = kind.partition("-")
+    bits = int(name.removeprefix("q"))
+    dtype = FLOATS[activations] if activations else QUANTIZED_DTYPE
+    q, scales, biases = mx.quantize(w.astype(dtype), group_size=GROUP, bits=bits)
     mx.eval(q, scales, biases)
 
     def quantized(n: int) -> Mul:
         parts = (q[:n], scales[:n], biases[:n])
         return lambda x: mx.quantized_matmul(x, *parts, transpose=True, group_size=GROUP, bits=bits)
 
-    return QUANTIZED_DTYPE, quantized
+    return dtype, quantized
 
 
 def _out_width(rows: int, rate_gflops: float | None, budget_s: float) -> int:

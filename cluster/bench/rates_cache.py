@@ -23,6 +23,7 @@ from typing import Any
 
 from cluster import blas
 from cluster.files.cache import cache_root
+from topology.host_rates import DEFAULT_KINDS
 from topology.untrusted import parse_json
 
 MAX_BYTES = 64 * 1024  # a few dozen numbers
@@ -47,6 +48,7 @@ def rates_key() -> dict[str, str]:
         "mlx-cluster": _version("mlx-cluster"),
         "blas": blas.probe_line(),
         "cores": str(os.cpu_count() or 0),
+        "kinds": ",".join(DEFAULT_KINDS),  # what a kept run holds
         **{name: os.environ.get(name, "") for name in THREAD_VARIABLES},
     }
 

@@ -16,7 +16,7 @@ from topology.facts import HostFacts
 from topology.host_rates import HostRates, parse_rates, weight_kind
 from topology.model.spec import ModelSpec, spec_from_config
 from topology.planning.plan import plan_local
-from topology.planning.predict import busy_s
+from topology.planning.predict import RankRate, busy_s
 
 # A 2-core Linux box as `python -m cluster.microbench` recorded it (OpenBLAS): bandwidth-bound
 # copies at 10 GB/s, float32 matmuls at 4 GFLOP/s for one row and 40 for a 512-row chunk.
@@ -25,7 +25,8 @@ LINUX_RATES = {
     "matmul_gflops": {
         "float32": {"1": 4.0, "8": 20.0, "512": 40.0},
         "bfloat16": {"1": 2.0, "8": 8.0, "512": 10.0},
-        "q4": {"1": 3.0, "8": 3.0, "512": 3.0},
+        "q4": {"1": 0.3, "8": 0.3, "512": 0.3},
+        "q4-float32": {"1": 3.0, "8": 3.0, "512": 3.0},
     },
     "device": "cpu",
 }
@@ -59,7 +60,7 @@ def test_rates_interpolate_in_log_rows_and_stay_flat_beyond() -> None:
     assert rates.gflops("float32", 4096) == 40.0  # flat beyond the largest row count measured
     assert rates.gflops("float32", 64) == pytest.approx(30.0)  # halfway 8 -> 512 in log rows
     assert rates.gflops("float16", 1) is None  # not measured
-    assert rates.to_json()["matmul_gflops"]["q4"] == {"1": 3.0, "8": 3.0, "512": 3.0}
+    assert rates.to_json()["matmul_gflops"]["q4-float32"] == {"1": 3.0, "8": 3.0, "512": 3.0}
 
 
 @pytest.mark.parametrize(
@@ -84,23 +85,28 @@ def test_weight_kinds() -> None:
     assert weight_kind("float32", 32) == "float32"
     assert weight_kind("bfloat16", 16) == "bfloat16"
     assert (weight_kind("bfloat16", 4), weight_kind("bfloat16", 8)) == ("q4", "q8")
+    assert weight_kind("float32", 4) == "q4-float32"  # CPU kernels differ by activation dtype
 
 
 def test_a_phase_takes_the_slower_of_memory_and_compute() -> None:
     # 1 ms of memory at decoding's efficiency; 2 GFLOP at 1 GFLOP/s: compute binds
-    assert busy_s(0.54e-3, 2e9, 1.0) == pytest.approx(2.0)
-    assert busy_s(0.54e-3, 1e3, 1.0) == pytest.approx(1e-3)  # memory binds
-    assert busy_s(0.54e-3, 2e9, None) == pytest.approx(1e-3)  # not measured: memory alone
-    assert busy_s(0.54e-3, 2e9, 1.0, rows=8) == pytest.approx(16.0)  # rows multiply the work
+    one = RankRate(1.0)
+    assert busy_s(0.54e-3, 2e9, one) == pytest.approx(2.0)
+    assert busy_s(0.54e-3, 1e3, one) == pytest.approx(1e-3)  # memory binds
+    assert busy_s(0.54e-3, 2e9, RankRate()) == pytest.approx(1e-3)  # not measured: memory alone
+    assert busy_s(0.54e-3, 2e9, one, rows=8) == pytest.approx(16.0)  # rows multiply the work
+    # a CPU's measured matvec already streamed its weight from memory: its rate alone counts
+    assert busy_s(0.54e-3, 1e3, RankRate(1.0, memory=False)) == pytest.approx(1e-6)
 
 
 def test_a_measured_cpu_host_is_planned_compute_bound() -> None:
     """--local 1 on a CPU that does 4 GFLOP/s a row: SmolLM2 float32 (~0.27 GFLOP a token)
-    cannot beat ~15 tok/s, even with 100 GB/s of copy bandwidth; memory alone predicted
-    several times that (the 12x error issue 29 starts from)."""
+    decodes at ~15 tok/s, the measured rate's figure (its matvec streamed its weight from
+    memory: the copy bandwidth does not count on a CPU); memory alone predicted several times
+    that (the 12x error issue 29 starts from)."""
     spec = small_spec()
-    fast_memory = {**LINUX_RATES, "copy_gbs": 100.0}
-    measured = plan_local(linux(fast_memory), 1, spec, context=64)
+    slow_copies = {**LINUX_RATES, "copy_gbs": 0.5}
+    measured = plan_local(linux(slow_copies), 1, spec, context=64)
     memory_only = plan_local(linux(None), 1, spec, context=64)
     assert measured.ok and memory_only.ok
     tok = measured.predicted_decode_tok_s or 0

@@ -17,7 +17,13 @@ from topology.planning.placement import (
     split_layers,
     tensor_loads,
 )
-from topology.planning.predict import pipeline_seconds, tensor_phases, tensor_seconds, tok_s
+from topology.planning.predict import (
+    RankRate,
+    pipeline_seconds,
+    tensor_phases,
+    tensor_seconds,
+    tok_s,
+)
 from topology.planning.tensor_costs import RankCost, balanced_layout, rank_costs
 from topology.planning.tensor_shares import TensorLayout
 
@@ -50,10 +56,13 @@ def gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n < 10 * GIB else f"{n / GIB:.0f} GiB"
 
 
-def decode_gflops(spec: ModelSpec, slots: Sequence[Slot], rows: int = 1) -> list[float | None]:
+def rank_rates(spec: ModelSpec, slots: Sequence[Slot], rows: int = 1) -> list[RankRate]:
     """Each rank's measured matmul throughput for this model's weights at `rows` rows."""
     kind = weight_kind("float32" if spec.dtype_bytes == 4 else "bfloat16", spec.bits)
-    return [s.gflops(kind, rows) for s in slots]
+    return [
+        RankRate(s.gflops(kind, rows), memory=s.rates is None or s.rates.device != "cpu")
+        for s in slots
+    ]
 
 
 def _hosts(slots: Sequence[Slot]) -> tuple[str, ...]:
@@ -172,9 +181,9 @@ def tensor_option(
     fit, fit_blocker = _fit_problems(spec, slots, loads, "tensor")
     if fit:
         return Option("tensor", loads, None, None, tuple(fit), fit_blocker, lay)
-    gflops = decode_gflops(spec, slots)
-    seconds, roofline = tensor_seconds(spec, costs, bandwidths, cost, gflops)
-    phases = tuple(tuple(p) for p in tensor_phases(costs, bandwidths, gflops))
+    rates = rank_rates(spec, slots)
+    seconds, roofline = tensor_seconds(spec, costs, bandwidths, cost, rates)
+    phases = tuple(tuple(p) for p in tensor_phases(costs, bandwidths, rates))
     return Option("tensor", loads, seconds, roofline, (), "", lay, phases)
 
 
@@ -201,6 +210,6 @@ def pipeline_option(
         return Option("pipeline", loads, None, None, tuple(fit), blocker)
     stages = [load.layers for load in loads]
     seconds, roofline = pipeline_seconds(
-        spec, stages, [s.bandwidth_gbs for s in slots], cost, context, decode_gflops(spec, slots)
+        spec, stages, [s.bandwidth_gbs for s in slots], cost, context, rank_rates(spec, slots)
     )
     return Option("pipeline", loads, seconds, roofline, (), "")

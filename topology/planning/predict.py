@@ -16,6 +16,7 @@ scripts/calibrate_prediction.py); compute comes only from a host's microbenchmar
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from topology.chips import DECODE_BANDWIDTH_EFFICIENCY, BackendCost, step_overhead_s
 from topology.model.spec import KV_CACHE_DTYPE_BYTES, ModelSpec
@@ -37,20 +38,34 @@ def stage_read_bytes(spec: ModelSpec, layers: tuple[int, int], context: int) -> 
 PREFILL_CHUNK = 512  # rows a prefill step runs (and the microbenchmark's largest row count)
 
 
-def busy_s(memory_s: float, flops: float, gflops: float | None, rows: int = 1) -> float:
+@dataclass(frozen=True)
+class RankRate:
+    """What a rank computes at a step's row count, when its host was measured."""
+
+    gflops: float | None = None  # None: not measured (memory alone)
+    # False on a CPU: its measured matmul streamed a weight from memory as decoding does, so
+    # the rate holds the memory time; a copy's bandwidth there says less (measured 3.6 GB/s
+    # against 6 GB/s read by a decoding float32 model).
+    memory: bool = True
+
+
+def busy_s(memory_s: float, flops: float, rate: RankRate | None = None, rows: int = 1) -> float:
     """One rank's time in one phase: memory-bound or compute-bound, whichever is slower."""
     memory = memory_s / DECODE_BANDWIDTH_EFFICIENCY
-    return max(memory, rows * flops / (gflops * 1e9)) if gflops else memory
+    if rate is None or not rate.gflops:
+        return memory
+    compute = rows * flops / (rate.gflops * 1e9)
+    return max(memory, compute) if rate.memory else compute
 
 
 def tensor_phases(
     costs: Sequence[RankCost],
     bandwidths_gbs: Sequence[float],
-    gflops: Sequence[float | None] | None = None,
+    rates: Sequence[RankRate] | None = None,
     rows: int = 1,
 ) -> list[list[float]]:
     """Per phase (attention, MLP, head), each rank's predicted seconds for a step of `rows`."""
-    rates = gflops or [None] * len(costs)
+    rates = rates or [RankRate()] * len(costs)
     return [
         [busy_s(m, c.flops[i], g, rows) for m, c, g in zip(phase, costs, rates, strict=True)]
         for i, phase in enumerate(phase_seconds(costs, bandwidths_gbs))
@@ -62,13 +77,13 @@ def tensor_seconds(
     costs: Sequence[RankCost],
     bandwidths_gbs: Sequence[float],
     cost: BackendCost,
-    gflops: Sequence[float | None] | None = None,
+    rates: Sequence[RankRate] | None = None,
     rows: int = 1,
 ) -> tuple[float, float]:
     """(predicted, roofline) seconds a step of `rows` for tensor parallel: each phase
     (attention, MLP, the head) lasts as long as its slowest rank, then the all-reduces."""
     roofline = sum(max(phase) for phase in phase_seconds(costs, bandwidths_gbs))
-    busy = sum(max(phase) for phase in tensor_phases(costs, bandwidths_gbs, gflops, rows))
+    busy = sum(max(phase) for phase in tensor_phases(costs, bandwidths_gbs, rates, rows))
     return busy + tensor_comms_s(spec, len(costs), cost, rows), roofline
 
 
@@ -92,12 +107,12 @@ def pipeline_seconds(
     bandwidths_gbs: Sequence[float],
     cost: BackendCost,
     context: int,
-    gflops: Sequence[float | None] | None = None,
+    rates: Sequence[RankRate] | None = None,
     rows: int = 1,
 ) -> tuple[float, float]:
     """(predicted, roofline) seconds a step of `rows`; stages[r] = rank r's layers [start, end)."""
     n = len(stages)
-    rates = gflops or [None] * n
+    rates = rates or [RankRate()] * n
     head = spec.outside_layers_active_bytes
     head_flops = 2 * head / (spec.param_bytes(spec.bits) * spec.scale)
     stage_mem = [

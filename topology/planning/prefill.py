@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from topology.chips import BackendCost
 from topology.model.spec import ModelSpec
-from topology.planning.options import Option, decode_gflops
+from topology.planning.options import Option, rank_rates
 from topology.planning.placement import Slot
 from topology.planning.predict import PREFILL_CHUNK, pipeline_seconds, tensor_seconds
 from topology.planning.tensor_costs import rank_costs
@@ -32,12 +32,12 @@ def ttft_seconds(
     for start in range(0, prompt_tokens, PREFILL_CHUNK):
         rows = min(PREFILL_CHUNK, prompt_tokens - start)
         reach = start + rows  # the chunk attends to everything before it and itself
-        gflops = decode_gflops(spec, slots, rows)
+        rates = rank_rates(spec, slots, rows)
         if option.strategy == "tensor" and option.layout is not None:
             costs = rank_costs(spec, option.layout, reach)
-            seconds, _ = tensor_seconds(spec, costs, bandwidths, cost, gflops, rows)
+            seconds, _ = tensor_seconds(spec, costs, bandwidths, cost, rates, rows)
         else:
             stages = [load.layers for load in option.loads]
-            seconds, _ = pipeline_seconds(spec, stages, bandwidths, cost, reach, gflops, rows)
+            seconds, _ = pipeline_seconds(spec, stages, bandwidths, cost, reach, rates, rows)
         total += seconds
     return total
