@@ -31,6 +31,7 @@ from cluster.files.model_files import MissingFiles, ModelFiles, PeerShare
 from cluster.files.peer_fetch import FetchReport
 from cluster.job import RankJob
 from cluster.pipeline_stage import PipelineStage, check_generic, layer_range
+from cluster.slice_reader import SliceReader
 from cluster.tensor_shards import shard_model
 from topology.errors import InputError
 from topology.model.spec import UNEVEN_FAMILIES, spec_from_config
@@ -196,7 +197,8 @@ def load_shard(
         _link(view, {name: source.where[name] for name in files})
         net, config = load_model(view, lazy=True, strict=not pipeline)
         tokenizer = load_tokenizer(view, eos_token_ids=config.get("eos_token_id"))
-        net = _shard(net, group, strategy if size > 1 else "none", split, own)
+        reader = SliceReader(view / name for name in files) if own else None
+        net = _shard(net, group, strategy if size > 1 else "none", split, own, reader)
         _materialise(net, local, len(files), progress)
     finally:
         shutil.rmtree(view, ignore_errors=True)
@@ -242,9 +244,10 @@ def _shard(
     strategy: str,
     split: Sequence[int] | None,
     share: tuple[RankShare, HeadGrid] | None,
+    reader: SliceReader | None = None,
 ) -> nn.Module:
     if strategy == "tensor" and share is not None and _uneven(net):
-        shard_model(net, group, *share)
+        shard_model(net, group, *share, reader=reader)
     elif strategy == "tensor":  # a family only mlx-lm's even shard() splits (the plan checked)
         net.shard(group)
     elif strategy == "pipeline" and hasattr(net.model, "pipeline"):

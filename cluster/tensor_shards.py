@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from cluster import attention_blocks
+from cluster.slice_reader import SliceReader
 from topology.errors import InputError
 from topology.planning.tensor_shares import HeadGrid, RankShare
 
@@ -36,15 +37,43 @@ class SumOut(nn.Module):
         return mx.distributed.all_sum(self.inner(x), group=self.group)
 
 
-def shard_model(net: nn.Module, group: Any, share: RankShare, grid: HeadGrid) -> None:
+class _Source:
+    """Where a layer's weights come from: read from their files (only the share) where the
+    reader can, else sliced from the loaded (lazy) parameter."""
+
+    def __init__(self, net: nn.Module, reader: SliceReader | None) -> None:
+        self.reader = reader
+        self.paths = {id(m): name for name, m in net.named_modules()} if reader else {}
+
+    def rows(self, layer: nn.Module, name: str, rows: Sequence[int]) -> mx.array:
+        path = self.paths.get(id(layer))
+        read = self.reader.rows(f"{path}.{name}", layer[name], rows) if self.reader else None
+        return read if read is not None else mx.take(layer[name], mx.array(list(rows)), axis=-2)
+
+    def columns(self, layer: nn.Module, name: str, spans: Sequence[Span]) -> mx.array:
+        path = self.paths.get(id(layer))
+        read = self.reader.columns(f"{path}.{name}", layer[name], spans) if self.reader else None
+        return read if read is not None else _take(layer[name], spans)
+
+
+def shard_model(
+    net: nn.Module,
+    group: Any,
+    share: RankShare,
+    grid: HeadGrid,
+    reader: SliceReader | None = None,
+) -> None:
     """Replace every layer's attention and MLP weights by this rank's share, in place."""
     rank = group.rank()
+    src = _Source(net, reader)
     for layer in net.model.layers:
-        _attention(layer.self_attn, share, grid, group, rank)
-        _feed_forward(layer.mlp, share, group, rank)
+        _attention(layer.self_attn, share, grid, group, rank, src)
+        _feed_forward(layer.mlp, share, group, rank, src)
 
 
-def _attention(attn: nn.Module, share: RankShare, grid: HeadGrid, group: Any, rank: int) -> None:
+def _attention(
+    attn: nn.Module, share: RankShare, grid: HeadGrid, group: Any, rank: int, src: _Source
+) -> None:
     heads = share.heads(grid)
     if hasattr(attn, "embed_q"):  # MLA (DeepSeek V3 / Kimi K2): per-head latent maps
         index = mx.array(heads)
@@ -53,13 +82,13 @@ def _attention(attn: nn.Module, share: RankShare, grid: HeadGrid, group: Any, ra
                 if name in part:
                     part[name] = mx.take(part[name], index, axis=0)
         q = attn.q_proj if attn.q_lora_rank is None else attn.q_b_proj
-        _rows(q, _blocks(heads, _out_dims(q) // grid.heads))
+        _rows(q, _blocks(heads, _out_dims(q) // grid.heads), src)
         attn.num_heads = len(heads)
     else:
-        _rows(attn.q_proj, _blocks(heads, _out_dims(attn.q_proj) // grid.heads))
+        _rows(attn.q_proj, _blocks(heads, _out_dims(attn.q_proj) // grid.heads), src)
         kv = share.kv_heads()
         for proj in (attn.k_proj, attn.v_proj):
-            _rows(proj, _blocks(kv, _out_dims(proj) // grid.kv_heads))
+            _rows(proj, _blocks(kv, _out_dims(proj) // grid.kv_heads), src)
         if hasattr(attn, "sinks"):  # gpt-oss: one learned sink logit per head
             attn.sinks = mx.take(attn.sinks, mx.array(heads), axis=0)
             attn.num_attention_heads, attn.num_key_value_heads = len(heads), len(kv)
@@ -69,29 +98,29 @@ def _attention(attn: nn.Module, share: RankShare, grid: HeadGrid, group: Any, ra
         if len(share.blocks) > 1:
             attention_blocks.install(attn, share.calls())
     per_head = _in_dims(attn.o_proj) // grid.heads
-    _cols(attn.o_proj, _runs(heads, per_head), rank)
+    _cols(attn.o_proj, _runs(heads, per_head), rank, src)
     attn.o_proj = SumOut(attn.o_proj, group)
 
 
-def _feed_forward(mlp: nn.Module, share: RankShare, group: Any, rank: int) -> None:
+def _feed_forward(mlp: nn.Module, share: RankShare, group: Any, rank: int, src: _Source) -> None:
     experts = getattr(mlp, "switch_mlp", None) or getattr(mlp, "experts", None)
     if experts is None:  # a dense MLP
-        _glu(mlp, share.widths["mlp"], rank)
+        _glu(mlp, share.widths["mlp"], rank, src)
         mlp.down_proj = SumOut(mlp.down_proj, group)
         return
     # Mixture of experts: mlx-lm's block all-sums routed and shared experts together.
-    _glu(experts, share.widths["expert"], rank)
+    _glu(experts, share.widths["expert"], rank, src)
     shared = getattr(mlp, "shared_experts", None) or getattr(mlp, "shared_expert", None)
     if shared is not None:
-        _glu(shared, share.widths["shared"], rank)
+        _glu(shared, share.widths["shared"], rank, src)
     mlp.sharding_group = group
 
 
-def _glu(block: nn.Module, span: Span, rank: int) -> None:
+def _glu(block: nn.Module, span: Span, rank: int, src: _Source) -> None:
     rows = list(range(*span))
-    _rows(block.gate_proj, rows)
-    _rows(block.up_proj, rows)
-    _cols(block.down_proj, [span], rank)
+    _rows(block.gate_proj, rows, src)
+    _rows(block.up_proj, rows, src)
+    _cols(block.down_proj, [span], rank, src)
 
 
 def _blocks(indices: Sequence[int], size: int) -> list[int]:
@@ -121,17 +150,16 @@ def _in_dims(layer: nn.Module) -> int:
     return int(layer.weight.shape[-1])
 
 
-def _rows(layer: nn.Module, rows: Sequence[int]) -> None:
+def _rows(layer: nn.Module, rows: Sequence[int], src: _Source) -> None:
     """Keep these output rows (of every expert, for switch layers)."""
-    index = mx.array(list(rows))
     for name in ("weight", "scales", "biases"):
         if name in layer:
-            layer[name] = mx.take(layer[name], index, axis=-2)
+            layer[name] = src.rows(layer, name, rows)
     if "bias" in layer:
-        layer["bias"] = mx.take(layer["bias"], index, axis=-1)
+        layer["bias"] = mx.take(layer["bias"], mx.array(list(rows)), axis=-1)
 
 
-def _cols(layer: nn.Module, spans: Sequence[Span], rank: int) -> None:
+def _cols(layer: nn.Module, spans: Sequence[Span], rank: int, src: _Source) -> None:
     """Keep these input columns; quantized layers in whole groups. The bias stays on rank 0."""
     if "scales" in layer:
         group, bits = int(layer.group_size), int(layer.bits)
@@ -140,14 +168,14 @@ def _cols(layer: nn.Module, spans: Sequence[Span], rank: int) -> None:
                 f"tensor share cuts a quantization group of {group} columns ({list(spans)}): "
                 "re-plan (the plan was made for another model)"
             )
-        layer["weight"] = _take(
-            layer["weight"], [(a * bits // 32, b * bits // 32) for a, b in spans]
+        layer["weight"] = src.columns(
+            layer, "weight", [(a * bits // 32, b * bits // 32) for a, b in spans]
         )
         for name in ("scales", "biases"):
             if name in layer:
-                layer[name] = _take(layer[name], [(a // group, b // group) for a, b in spans])
+                layer[name] = src.columns(layer, name, [(a // group, b // group) for a, b in spans])
     else:
-        layer["weight"] = _take(layer["weight"], spans)
+        layer["weight"] = src.columns(layer, "weight", spans)
     if "bias" in layer and rank != 0:
         layer["bias"] = mx.zeros_like(layer["bias"])
 
