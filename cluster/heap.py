@@ -1,4 +1,5 @@
-"""On Linux (glibc) a rank gives the big buffers MLX frees back to the system at once.
+"""On Linux (glibc): a rank gives the big buffers MLX frees back to the system at once, and
+`serve` keeps one malloc arena for all its threads.
 
 glibc serves a request of 128 KiB or more with its own mapping, but each time such a block is
 freed it raises that threshold to the block's size (up to 32 MiB): from then on MLX's KV caches
@@ -7,7 +8,16 @@ with scripts/soak.py (`--local 1`, 7 minutes, the tiny model): RSS 2.1 GiB again
 MLX memory, rising with every new high-water mark of the batch; a malloc_trim(0) from outside
 gave 0.55 GiB back and it was re-taken within 20 s. With the threshold held at glibc's own
 starting value RSS stayed within 0.1 GiB of MLX's count, so RSS again says what the rank holds.
-A user's MALLOC_MMAP_THRESHOLD_ wins; elsewhere (macOS, musl) nothing is done.
+
+glibc also gives threads arenas of their own (up to 8 per core), and memory freed in one arena
+serves only the threads that get that arena later. Every rank job `serve` starts brings new
+threads (three readers per rank, a keep-alive), so re-plans left serve holding more: in the
+failover soak (`--local 3`, a kill every 2 minutes) its thread arenas took 0.95 and 0.35 MiB
+more RSS at the two kills, and each same-shape restart under load another 30-170 KiB. With one
+arena what the last job freed serves the next (+0.39 and +0.02 MiB at those kills); the
+launcher's threads allocate under the GIL anyway, so sharing costs no concurrency.
+
+A user's MALLOC_MMAP_THRESHOLD_ / MALLOC_ARENA_MAX wins; elsewhere (macOS, musl) nothing is done.
 """
 
 from __future__ import annotations
@@ -16,17 +26,28 @@ import ctypes
 import os
 import sys
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameters (malloc.h)
+M_ARENA_MAX = -8
 MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's default, held fixed (no dynamic raise)
 
 
 def return_freed_buffers() -> bool:
     """Hold glibc's mmap threshold fixed in this process; whether it was set."""
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    return _mallopt("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+
+
+def share_one_arena() -> bool:
+    """Every thread of this process allocates from glibc's main arena; whether it was set.
+    Call it before the process starts threads: one that already has an arena keeps it."""
+    return _mallopt("MALLOC_ARENA_MAX", M_ARENA_MAX, 1)
+
+
+def _mallopt(env: str, param: int, value: int) -> bool:
+    if not sys.platform.startswith("linux") or env in os.environ:
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # this process's C library
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    return bool(mallopt(param, value))

@@ -13,6 +13,7 @@ import threading
 
 import click
 
+from cluster import heap
 from launcher.cli.options import (
     CLUSTER,
     LOCAL,
@@ -34,6 +35,7 @@ from launcher.cli.options import (
 from launcher.hosts.gather import read_cluster
 from launcher.ranks.supervisor import EXIT_RANK_FAILED, interrupt_flag
 from launcher.ranks.target import PlanRefused, model_for_ranks
+from launcher.serve import memory_probe
 from launcher.serve.cluster import ServeCluster
 from launcher.serve.failover import ServeSource, describe
 from launcher.serve.http import HttpServer, ServeApp
@@ -153,6 +155,8 @@ def serve_cmd(
     job_option: tuple[str, ...],
 ) -> int:
     """Serve the model over an OpenAI-compatible HTTP API, re-planning when a rank dies."""
+    heap.share_one_arena()  # before any thread: each rank job's new threads would take new arenas
+    memory_probe.install(_log)
     cache_bytes = None if prefix_cache_gb is None else int(prefix_cache_gb * GIB)
     deadlines = check_deadlines(rank_timeout, load_timeout, stall_timeout)
     if api_key is not None and not api_key.strip():

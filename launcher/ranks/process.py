@@ -72,9 +72,12 @@ class RankProcess:
         )
         self.pgid = self._proc.pid  # leader of its own session and group
         self._threads = [
-            threading.Thread(target=self._read_stdout, daemon=True),
-            threading.Thread(target=self._read_stderr, daemon=True),
-            threading.Thread(target=self._wait, daemon=True),
+            threading.Thread(target=read, daemon=True, name=f"rank {launch.rank} {part}")
+            for read, part in (
+                (self._read_stdout, "stdout"),
+                (self._read_stderr, "stderr"),
+                (self._wait, "exit"),
+            )
         ]
         for t in self._threads:
             t.start()

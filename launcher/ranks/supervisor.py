@@ -106,7 +106,9 @@ def supervise(
                 ranks.append(RankProcess(launch, reports))
             if on_started is not None:
                 on_started(ranks)
-            threading.Thread(target=_keep_alive, args=(ranks, beating), daemon=True).start()
+            threading.Thread(
+                target=_keep_alive, args=(ranks, beating), daemon=True, name="keep-alive"
+            ).start()
             outcome = _watch(ranks, reports, on_text, on_event, deadlines, interrupted)
         finally:
             beating.set()

@@ -126,7 +126,9 @@ class RankRunner:
         self.state.events.add(
             "started", f"loading the model as {describe(target)} ({target.backend})"
         )
-        self._thread = threading.Thread(target=self._run, args=(target,), daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(target,), daemon=True, name="rank runner"
+        )
         self._thread.start()
 
     def stop(self, timeout_s: float) -> None:

@@ -1,7 +1,8 @@
 """Linux ranks give freed big buffers back to the system (cluster/heap.py): glibc, left to
 itself, keeps them on the heap once a big block has been freed; with the threshold held they
-leave the process's RSS as soon as they are freed. Each case runs in a fresh interpreter (the
-allocator's state is per process)."""
+leave the process's RSS as soon as they are freed. And serve's threads share one malloc arena
+(each rank job's new threads would otherwise take arenas of their own). Each case runs in a
+fresh interpreter (the allocator's state is per process)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,19 @@ from cluster import heap
 
 ROOT = Path(__file__).resolve().parents[2]
 MB = 1 << 20
-SCRIPT = """
-import ctypes, sys
+# Before every script: argv[1] names what cluster/heap.py sets ("default": nothing), then libc.
+PRELUDE = """
+import ctypes, sys, threading
 from cluster import heap
 if sys.argv[1] == "held":
     assert heap.return_freed_buffers()
+if sys.argv[1] == "shared":
+    assert heap.share_one_arena()
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
+"""
+SCRIPT = """
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 def rss():
     for line in open("/proc/self/status"):
@@ -39,19 +45,40 @@ for b in blocks[:-1]:  # the last stays: a heap cannot shrink below a block in u
     libc.free(b)
 print(before - rss())
 """
+# Eight threads that allocate at once, as one rank job's readers do; glibc then lists its arenas.
+ARENAS = """
+together = threading.Barrier(8)
+def job():
+    block = libc.malloc(64 << 10)
+    together.wait()
+    libc.free(block)
+threads = [threading.Thread(target=job) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+libc.malloc_stats()  # "Arena N:" per arena, on stderr
+"""
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="glibc's allocator: Linux ranks only"
 )
 
 
-def _freed(mode: str) -> int:
+def _run(script: str, mode: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, mode], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run(
+        [sys.executable, "-c", PRELUDE + script, mode], cwd=ROOT, env=env, capture_output=True,
         text=True, timeout=60, check=True,
     )  # fmt: skip
-    return int(out.stdout.strip())
+
+
+def _freed(mode: str) -> int:
+    return int(_run(SCRIPT, mode).stdout.strip())
+
+
+def _arenas(mode: str) -> int:
+    return _run(ARENAS, mode).stderr.count("Arena ")
 
 
 def test_freed_big_buffers_leave_rss_only_with_the_threshold_held() -> None:
@@ -59,6 +86,13 @@ def test_freed_big_buffers_leave_rss_only_with_the_threshold_held() -> None:
     assert _freed("held") > 150 * MB  # 23 blocks of 8 MiB went back at once
 
 
+def test_threads_share_the_main_arena_only_when_asked() -> None:
+    assert _arenas("default") > 1  # the threads took arenas of their own
+    assert _arenas("shared") == 1
+
+
 def test_a_users_own_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     assert heap.return_freed_buffers() is False
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert heap.share_one_arena() is False

@@ -37,6 +37,13 @@ def test_the_window_gives_nearest_rank_percentiles_of_the_last_minute_only() -> 
     assert w.percentiles(now=71) == {"p50": 1000.0, "p99": 1000.0, "count": 1}  # t=10 is gone
 
 
+def test_the_window_forgets_old_samples_as_new_ones_come_with_no_dashboard_reading() -> None:
+    w = Window(window_s=60)
+    for i in range(500):  # first-token times of a server nobody watches
+        w.add(float(i), now=float(i))
+    assert len(w) == 61  # t = 439..499: the last minute, not all 500
+
+
 def test_the_series_differences_the_counters_and_keeps_columns_aligned() -> None:
     s = Series(points=3, every_s=1.0)
     s.sample(0.0, {"generated_tokens": 0, "prompt_tokens": 0}, {"running": 0})
