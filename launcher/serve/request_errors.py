@@ -112,7 +112,10 @@ def _words(error: ErrorDetails, ctx: dict[str, Any]) -> str:
 
 def _body_words(error: ErrorDetails, ctx: dict[str, Any]) -> str:
     if error["type"] == "json_invalid":  # jiter's reason and where: "… at line 1 column 9"
-        return f"the request body is not valid JSON: {ctx.get('error', error['msg'])}"
+        reason = str(ctx.get("error", error["msg"]))
+        if "recursion limit" in reason:  # jiter stops at 200 levels, before any work
+            return f"the request body is nested too deeply ({reason})"
+        return f"the request body is not valid JSON: {reason}"
     if error["type"] == "model_type":
         return "the request body must be a JSON object"
     return f"the request body {_words(error, ctx)}"
