@@ -349,7 +349,7 @@ def test_the_message_names_pydantics_location(
     ("body", "words"),
     [
         (b'{"messages": [', "not valid JSON"),
-        (b"[" * 100_000, "not valid JSON"),  # nesting: refused while parsing, before any work
+        (b"[" * 100_000, "nested too deeply"),  # refused while parsing, before any work
         (b'"a string"', "must be a JSON object"),
         (b'{"messages": [{"role": "user", "content": "\xff"}]}', "not valid JSON"),
     ],
