@@ -6,6 +6,7 @@ first, then huggingface_hub downloads just that file; offline and not cached is 
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,7 +53,10 @@ def read_json(path: Path, label: str, max_bytes: int) -> Any:
     """The file's JSON value, through the parser boundary (size, depth, UTF-8, numbers)."""
     try:
         with path.open("rb") as f:
-            data = f.read(max_bytes + 1)  # never more than the limit, whatever the file holds
+            # never more than the limit, whatever the file holds; and no buffer of the limit's
+            # size for a small file (a 64 MiB one per plan, for an index of a few kB)
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(min(max_bytes, size) + 1)
     except OSError as e:
         raise InputError(f"{label}: cannot read it ({e.__class__.__name__}: {e})") from None
     return load_json(data, label, max_bytes=max_bytes)
