@@ -152,7 +152,7 @@ def ranks_on_this_host(job: RankJob) -> int | None:
     return sum(1 for f in firsts if f == mine) if len(firsts) == job.world_size else None
 
 
-def _cores() -> int:
+def cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -163,7 +163,7 @@ def threads_for(job: RankJob) -> int | None:
     """OpenBLAS threads for this rank: the cores it may run on shared by the ranks on this host
     (at least 1), so N ranks on one host do not oversubscribe it; None when unknown."""
     ranks = ranks_on_this_host(job)
-    return None if ranks is None else max(1, _cores() // max(1, ranks))
+    return None if ranks is None else max(1, cores() // max(1, ranks))
 
 
 def preload_env(

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cluster import ring_wait
+from cluster.blas import cores, ranks_on_this_host
 from cluster.job import RankJob
 from topology.errors import InputError
 from topology.planning.hostfile import missing_devices
@@ -133,9 +135,11 @@ def init_group(job: RankJob) -> Any:
 
     backend = "jaccl" if job.backend == "jaccl-ring" else job.backend
     try:
-        group = mx.distributed.init(strict=True, backend=backend)
+        group, fds = ring_wait.opened_by(lambda: mx.distributed.init(strict=True, backend=backend))
     except RuntimeError as e:
         raise RuntimeError(f"{job.backend} init failed on rank {job.rank}: {e}") from None
+    if backend == "ring" and ring_wait.should_sleep(ranks_on_this_host(job), cores(), os.environ):
+        ring_wait.sleep_while_waiting(fds)
     if (group.rank(), group.size()) != (job.rank, job.world_size):
         raise InputError(
             f"MLX says rank {group.rank()} of {group.size()} but the job is rank "

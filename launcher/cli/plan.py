@@ -8,12 +8,13 @@ from typing import Any
 
 import click
 
-from launcher.cli.options import CLUSTER, CONTEXT, DIRECTORY, LOCAL, MODEL
+from launcher.cli.options import CLUSTER, CONTEXT, DIRECTORY, LOCAL, MODEL, TOKENS
 from launcher.planning.cluster_plan import plan_for_cluster, plan_for_local, plan_for_snapshot
 from launcher.planning.model_source import load_model_spec
 from topology.cluster_file import BACKENDS
 from topology.errors import InputError
 from topology.planning.plan import DEFAULT_CONTEXT, STRATEGIES, Plan
+from topology.planning.prefill import DEFAULT_PROMPT_TOKENS
 from topology.planning.report import plan_text
 
 
@@ -78,6 +79,13 @@ def _write(out: Path, plan: Plan, hostfile: dict[str, Any], cluster: str | None)
     help="Context tokens to reserve KV cache for.",
 )
 @click.option(
+    "--prompt-tokens",
+    type=TOKENS,
+    default=DEFAULT_PROMPT_TOKENS,
+    show_default=True,
+    help="The prompt length that prefill tok/s and time to first token are predicted for.",
+)
+@click.option(
     "--out",
     type=DIRECTORY,
     metavar="DIR",
@@ -94,6 +102,7 @@ def plan_cmd(
     strategy: str | None,
     backend: str | None,
     context: int,
+    prompt_tokens: int,
     out: Path | None,
     as_json: bool,
 ) -> int:
@@ -109,19 +118,20 @@ def plan_cmd(
         spec = read_cluster(cluster)
         plan, hostfile = plan_for_cluster(
             spec, model, strategy=strategy or spec.strategy, backend=backend or spec.backend,
-            context=context,
+            context=context, prompt_tokens=prompt_tokens,
         )  # fmt: skip
     else:
         model_spec = load_model_spec(model)
         if local is not None:
             plan, hostfile = plan_for_local(
-                local, model_spec, strategy=strategy or "auto", context=context
-            )
+                local, model_spec, strategy=strategy or "auto", context=context,
+                prompt_tokens=prompt_tokens,
+            )  # fmt: skip
         else:
             assert snapshot is not None
             plan, hostfile = plan_for_snapshot(
                 snapshot, model_spec, strategy=strategy or "auto", backend=backend or "auto",
-                context=context,
+                context=context, prompt_tokens=prompt_tokens,
             )  # fmt: skip
     if out is not None and plan.ok:
         _write(out, plan, hostfile, cluster)

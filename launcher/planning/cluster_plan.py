@@ -23,6 +23,7 @@ from topology.facts import CheckResult, HostFacts, Software
 from topology.model.spec import ModelSpec
 from topology.planning.hostfile import hostfile_json
 from topology.planning.plan import LOCAL_IP, Plan, plan_cluster, plan_local
+from topology.planning.prefill import DEFAULT_PROMPT_TOKENS
 from topology.problems import check
 
 _SYSCTL_TIMEOUT_S = 5.0
@@ -80,11 +81,13 @@ def plan_for_facts(
     backend: str = "auto",
     context: int | None = None,  # None: the default, capped at the model's context
     envs: Sequence[str] = (),
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,  # the prompt TTFT is predicted for
 ) -> tuple[Plan, dict[str, Any]]:
     """Check the hosts, plan, and the mlx.launch hostfile (no hosts when there is no plan)."""
     _, plan, hostfile = checked_plan_for_facts(
-        facts, spec, strategy=strategy, backend=backend, context=context, envs=envs
-    )
+        facts, spec, strategy=strategy, backend=backend, context=context, envs=envs,
+        prompt_tokens=prompt_tokens,
+    )  # fmt: skip
     return plan, hostfile
 
 
@@ -96,12 +99,14 @@ def checked_plan_for_facts(
     backend: str = "auto",
     context: int | None = None,
     envs: Sequence[str] = (),
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
 ) -> tuple[CheckResult, Plan, dict[str, Any]]:
     """plan_for_facts, with the check it planned from (serve shows it on its dashboard)."""
     result = check(facts, backend, envs)
     plan = plan_cluster(
         result, spec, strategy=strategy, backend=backend, context=context,
         calibration=load_calibration(),  # bench --calibrate's numbers, when saved
+        prompt_tokens=prompt_tokens,
     )  # fmt: skip
     if not plan.ok:
         return result, plan, empty_hostfile(plan)
@@ -115,11 +120,13 @@ def plan_for_cluster(
     strategy: str = "auto",
     backend: str = "auto",
     context: int | None = None,  # None: the default, capped at the model's context
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
 ) -> tuple[Plan, dict[str, Any]]:
     """Probe a cluster file's hosts live, check and plan (used by `plan` and `launch`)."""
     _, plan, hostfile = checked_plan_for_cluster(
-        spec, model, strategy=strategy, backend=backend, context=context
-    )
+        spec, model, strategy=strategy, backend=backend, context=context,
+        prompt_tokens=prompt_tokens,
+    )  # fmt: skip
     return plan, hostfile
 
 
@@ -130,6 +137,7 @@ def checked_plan_for_cluster(
     strategy: str = "auto",
     backend: str = "auto",
     context: int | None = None,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
 ) -> tuple[CheckResult, Plan, dict[str, Any]]:
     """plan_for_cluster, with the check it planned from."""
     from launcher.hosts.gather import probe_facts
@@ -137,26 +145,40 @@ def checked_plan_for_cluster(
     model_spec = load_model_spec(model)
     facts = probe_facts(spec)
     return checked_plan_for_facts(
-        facts, model_spec, strategy=strategy, backend=backend, context=context, envs=spec.env
-    )
+        facts, model_spec, strategy=strategy, backend=backend, context=context, envs=spec.env,
+        prompt_tokens=prompt_tokens,
+    )  # fmt: skip
 
 
 def plan_for_snapshot(
-    directory: Path, model_spec: ModelSpec, *, strategy: str, backend: str, context: int | None
+    directory: Path,
+    model_spec: ModelSpec,
+    *,
+    strategy: str,
+    backend: str,
+    context: int | None,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
 ) -> tuple[Plan, dict[str, Any]]:
     from launcher.hosts.snapshots import load_snapshot
 
     return plan_for_facts(
-        load_snapshot(directory), model_spec, strategy=strategy, backend=backend, context=context
-    )
+        load_snapshot(directory), model_spec, strategy=strategy, backend=backend, context=context,
+        prompt_tokens=prompt_tokens,
+    )  # fmt: skip
 
 
 def plan_for_local(
-    n: int, model_spec: ModelSpec, *, strategy: str, context: int | None
+    n: int,
+    model_spec: ModelSpec,
+    *,
+    strategy: str,
+    context: int | None,
+    prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
 ) -> tuple[Plan, dict[str, Any]]:
     plan = plan_local(
         measured_machine(), n, model_spec, strategy=strategy, context=context,
         calibration=load_calibration(),  # bench --calibrate's numbers, when saved
+        prompt_tokens=prompt_tokens,
     )  # fmt: skip
     if not plan.ok:
         return plan, empty_hostfile(plan)

@@ -95,6 +95,11 @@ class RankEvents:
         # Rank 0 sends one step's request events as one `batch` line (one write, one parse).
         events = event.get("events") or [] if name == "batch" else [event]
         state = self._state
+        if rank == 0:  # counted before routed: a client that has its answer sees it in /metrics
+            if any(e.get("event") == "delta" for e in events):
+                self._metrics.step_line(time.monotonic())
+            for e in events:
+                self._metrics.rank_event(e)
         with state.changed:
             if rank < len(state.heard) and name not in GUARD_EVENTS:  # the rank's own voice
                 state.heard[rank] = time.monotonic()
@@ -105,11 +110,6 @@ class RankEvents:
                     if e.get("event") != "stats":
                         self._route(e)
             host = state.host_of(rank)
-        if rank == 0:
-            if any(e.get("event") == "delta" for e in events):
-                self._metrics.step_line(time.monotonic())
-            for e in events:
-                self._metrics.rank_event(e)
         self._rank_figures(rank, host, name, event)
         if name == "ready" and rank == 0:
             self._on_ready()

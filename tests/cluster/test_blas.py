@@ -85,7 +85,7 @@ def test_ranks_on_this_host_from_the_ring_hostfile() -> None:
 
 
 def test_threads_share_the_cores_between_the_ranks_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(blas, "_cores", lambda: 8)
+    monkeypatch.setattr(blas, "cores", lambda: 8)
     assert blas.threads_for(job(1)) == 8
     assert blas.threads_for(job(2)) == 4
     assert blas.threads_for(job(16)) == 1  # at least one

@@ -173,6 +173,12 @@ def test_local_ranks_with_a_real_tiny_model(tiny: Path, tmp_path: Path) -> None:
     assert plan["model_info"]["weight_bytes"] == index["metadata"]["total_size"]
     hostfile = json.loads((tmp_path / "p" / "hostfile.json").read_text())
     assert [h["ssh"] for h in hostfile["hosts"]] == ["127.0.0.1", "127.0.0.1"]
+    # prefill is predicted for 1,024 tokens unless told otherwise; 4× the prompt, ≥ 4× the wait
+    assert plan["prompt_tokens"] == 1024 and plan["predicted_ttft_s"] > 0
+    longer = as_json(run("--local", "2", "--model", tiny, "--json", "--prompt-tokens", "4096"))
+    assert longer["prompt_tokens"] == 4096
+    assert longer["predicted_ttft_s"] >= 4 * plan["predicted_ttft_s"]
+    assert longer["predicted_decode_tok_s"] == plan["predicted_decode_tok_s"]
 
 
 def _cache(hf_home: Path, repo: str, files: dict[str, Path]) -> None:
@@ -225,6 +231,10 @@ def _bad_config(tmp_path: Path, text: str) -> Path:
             "--local runs ranks over the ring",
         ),
         (["--local", "2", "--model", LLAMA, "--context", "0"], "--context must be at least 1"),
+        (
+            ["--local", "2", "--model", LLAMA, "--prompt-tokens", "0"],
+            "--prompt-tokens must be at least 1",
+        ),
         (["--local", "2"], "Missing option '--model'"),
         (["--model", LLAMA], "give exactly one of CLUSTER.yaml, --snapshot DIR or --local N"),
         (["--local", "1", "--snapshot", "{tmp}", "--model", LLAMA], "give exactly one of"),

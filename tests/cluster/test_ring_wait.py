@@ -1,0 +1,90 @@
+"""The ring backend's socket threads sleep while they wait where ranks share cores
+(cluster/ring_wait.py): real ranks over the ring on 127.0.0.1, a receive that waits 1.5 s for
+its peer, and an all-reduce large enough to need many partial sends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rankrun import ROOT, ring_jobs
+
+from cluster.ring_wait import CHOICE_ENV, should_sleep
+
+# One rank: init through the rank's own code, then rank 0 makes rank 1 wait before sending.
+RANK = """
+import json, sys, time
+import mlx.core as mx
+from cluster.distributed import init_group, job_environment
+from cluster.job import RankJob
+job = RankJob.from_line(sys.argv[1])
+with job_environment(job):
+    group = init_group(job)
+x = mx.arange(1 << 21, dtype=mx.float32)  # 8 MB: many partial sends through a 1 ms timeout
+total = mx.distributed.all_sum(x, group=group)
+ok = bool(mx.array_equal(total, 2 * x).item())
+small = mx.ones((4,))
+start, cpu = time.monotonic(), time.process_time()
+if job.rank == 0:
+    time.sleep(1.5)
+    mx.eval(mx.distributed.send(small * 3, 1, group=group))
+else:
+    got = mx.distributed.recv_like(small, 0, group=group)
+    ok = ok and bool(mx.array_equal(got, small * 3).item())
+print(json.dumps({"ok": ok, "wall": time.monotonic() - start, "cpu": time.process_time() - cpu}))
+"""
+
+
+def _run(choice: str) -> list[dict[str, float]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), CHOICE_ENV: choice}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK, job.to_line()],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for job in ring_jobs(2, Path("unused"))
+    ]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def test_a_waiting_rank_sleeps_instead_of_spinning_and_sums_stay_exact() -> None:
+    sleeping, spinning = _run("sleep"), _run("spin")
+    assert all(r["ok"] for r in sleeping + spinning)
+    waited, spun = sleeping[1], spinning[1]
+    assert waited["wall"] >= 1.4 and spun["wall"] >= 1.4
+    assert waited["cpu"] < 0.3, waited  # asleep in recv()
+    assert spun["cpu"] > 0.7, spun  # MLX's own loop: a core while it waits
+    assert waited["wall"] < 1.5 + 0.5  # and it wakes when the data comes
+
+
+@pytest.mark.parametrize(
+    ("ranks", "cores", "choice", "sleeps"),
+    [
+        (2, 2, None, True),  # --local 2 on 2 cores: the waiters would take the computing cores
+        (2, 4, None, False),
+        (1, 24, None, False),  # a Mac Studio with its one rank
+        (3, 4, None, True),
+        (None, 2, None, False),  # unknown: MLX as it is
+        (1, 24, "sleep", True),
+        (2, 2, "spin", False),
+        (2, 2, "auto", True),
+    ],
+)
+def test_sleeping_is_chosen_where_ranks_share_cores(
+    ranks: int | None, cores: int, choice: str | None, sleeps: bool
+) -> None:
+    environ = {CHOICE_ENV: choice} if choice else {}
+    linux = sys.platform == "linux"
+    assert should_sleep(ranks, cores, environ) is (sleeps and (linux or choice == "sleep"))
