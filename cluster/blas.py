@@ -375,3 +375,32 @@ def probe_line(environ: Mapping[str, str] | None = None) -> str:
 
 if __name__ == "__main__":
     print(probe_line())
+
+
+def _preloaded_openblas() -> Any | None:
+    """The OpenBLAS this rank preloaded, through ctypes (None: none preloaded, or not OpenBLAS)."""
+    library = os.environ.get(MARKER_ENV)
+    if not library:
+        return None
+    try:
+        lib = ctypes.CDLL(library)  # already mapped: the same library, not a second copy
+        lib.openblas_get_num_threads.restype = ctypes.c_int
+        lib.openblas_set_num_threads.argtypes = [ctypes.c_int]
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+def blas_threads() -> int | None:
+    """The preloaded OpenBLAS's thread count now; None when there is none."""
+    lib = _preloaded_openblas()
+    return int(lib.openblas_get_num_threads()) if lib is not None else None
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set the preloaded OpenBLAS's thread count (the microbenchmark's one-thread pass)."""
+    lib = _preloaded_openblas()
+    if lib is None:
+        return False
+    lib.openblas_set_num_threads(n)
+    return True

@@ -66,6 +66,19 @@ def parse_seconds(ctx: click.Context, param: click.Parameter, value: str) -> flo
     return seconds
 
 
+def _given_key(text: str) -> dict[str, str]:
+    """The cache key a caller handed over in MLX_CLUSTER_RATES_KEY: a JSON object of strings."""
+    try:
+        key = json.loads(text)
+    except ValueError:
+        key = None
+    if not isinstance(key, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in key.items()
+    ):
+        raise click.ClickException(f"{KEY_ENV} must be a JSON object of strings")
+    return key
+
+
 @click.command()
 @click.option(
     "--kinds",
@@ -87,7 +100,7 @@ def main(kinds: tuple[str, ...], seconds: float, fresh: bool) -> None:
     # The key comes from the caller's environment, before the BLAS re-execution changes it
     # (--local N reads the same file back in its own process with the same key).
     given = os.environ.get(KEY_ENV)
-    key = json.loads(given) if given else rates_cache.rates_key()
+    key = _given_key(given) if given else rates_cache.rates_key()
     kept = kinds == DEFAULT_KINDS and seconds == DEFAULT_SECONDS
     if kept and not fresh and (hit := rates_cache.cached(key)) is not None:
         click.echo(json.dumps(hit))

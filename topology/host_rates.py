@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from topology.untrusted import parse_json
@@ -35,31 +35,57 @@ class HostRates:
     matmul_gflops: Mapping[str, Mapping[int, float]]  # kind -> rows -> GFLOP/s
     device: str = "gpu"  # "gpu" (Metal) or "cpu"
     source: str = "measured"  # or "assumed" (a chip table figure, said so in the plan)
+    threads: int = 1  # a CPU's BLAS threads behind matmul_gflops (a lone rank's: every core)
+    # The BLAS kinds again on one thread (a CPU with threads > 1): what a rank that shares the
+    # cores with others multiplies at. Kinds MLX computes itself run on one thread anyway.
+    one_thread_gflops: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
 
     def gflops(self, kind: str, rows: int) -> float | None:
         """Throughput at `rows` rows for this weight kind: measured points joined linearly in
         log(rows), flat beyond the ends; None when the kind was not measured."""
-        points = sorted(self.matmul_gflops.get(kind, {}).items())
-        if not points:
-            return None
-        if rows <= points[0][0]:
-            return points[0][1]
-        for (r0, g0), (r1, g1) in itertools.pairwise(points):
-            if rows <= r1:
-                at = (math.log(rows) - math.log(r0)) / (math.log(r1) - math.log(r0))
-                return g0 + at * (g1 - g0)
-        return points[-1][1]
+        return _between(self.matmul_gflops.get(kind, {}), rows)
+
+    def shared_gflops(self, kind: str, rows: int, ranks: int) -> float | None:
+        """What one of `ranks` ranks on this host multiplies at, all of them computing.
+
+        A GPU is one device: each gets 1/ranks. A CPU's ranks split its cores: each rank's BLAS
+        has threads // ranks of them (cluster/blas.py), its rate taken between the one-thread
+        and the all-thread measurement in proportion; more ranks than cores share them in time.
+        A kind with no one-thread figure ran on one thread: it keeps its rate while cores last."""
+        lone = self.gflops(kind, rows)
+        if lone is None or ranks <= 1:
+            return lone
+        if self.device != "cpu":
+            return lone / ranks
+        time_share = min(1.0, self.threads / ranks)
+        one = _between(self.one_thread_gflops.get(kind, {}), rows)
+        if one is None or self.threads <= 1:
+            return lone * time_share
+        each = max(1, self.threads // ranks)
+        return (one + (lone - one) * (each - 1) / (self.threads - 1)) * time_share
 
     def to_json(self) -> dict[str, Any]:
         return {
             "copy_gbs": self.copy_gbs,
-            "matmul_gflops": {
-                kind: {str(rows): g for rows, g in sorted(by_rows.items())}
-                for kind, by_rows in self.matmul_gflops.items()
-            },
+            "matmul_gflops": _table_json(self.matmul_gflops),
             "device": self.device,
             "source": self.source,
+            "threads": self.threads,
+            "one_thread_gflops": _table_json(self.one_thread_gflops),
         }
+
+
+def _between(table: Mapping[int, float], rows: int) -> float | None:
+    points = sorted(table.items())
+    if not points:
+        return None
+    if rows <= points[0][0]:
+        return points[0][1]
+    for (r0, g0), (r1, g1) in itertools.pairwise(points):
+        if rows <= r1:
+            at = (math.log(rows) - math.log(r0)) / (math.log(r1) - math.log(r0))
+            return g0 + at * (g1 - g0)
+    return points[-1][1]
 
 
 def weight_kind(dtype: str, bits: int) -> str:
@@ -71,6 +97,12 @@ def weight_kind(dtype: str, bits: int) -> str:
     return dtype if dtype in KINDS else "bfloat16"
 
 
+def _table_json(table: Mapping[str, Mapping[int, float]]) -> dict[str, dict[str, float]]:
+    return {
+        kind: {str(r): g for r, g in sorted(by_rows.items())} for kind, by_rows in table.items()
+    }
+
+
 def parse_rates(text: str) -> HostRates:
     """rates.json -> HostRates; ValueError with a short reason on anything malformed."""
     raw = parse_json(text)  # Refused (a ValueError) on bad JSON or deep nesting
@@ -80,21 +112,34 @@ def parse_rates(text: str) -> HostRates:
     table = raw.get("matmul_gflops")
     if not isinstance(table, Mapping) or not table:
         raise ValueError("matmul_gflops: must be an object of kinds")
-    matmul: dict[str, dict[int, float]] = {}
-    for kind, by_rows in table.items():
-        if kind not in KINDS:
-            raise ValueError(f"matmul_gflops: {str(kind)[:20]!r} is not one of {', '.join(KINDS)}")
-        if not isinstance(by_rows, Mapping) or not by_rows:
-            raise ValueError(f"matmul_gflops.{kind}: must be an object of rows")
-        matmul[kind] = {}
-        for rows, g in by_rows.items():
-            if not (isinstance(rows, str) and rows.isdigit() and 0 < int(rows) <= 1 << 16):
-                raise ValueError(f"matmul_gflops.{kind}: {str(rows)[:20]!r} is not a row count")
-            matmul[kind][int(rows)] = _rate(g, f"matmul_gflops.{kind}.{rows}")
+    matmul = _table(table, "matmul_gflops")
+    one = raw.get("one_thread_gflops", {})
+    if not isinstance(one, Mapping):
+        raise ValueError("one_thread_gflops: must be an object of kinds")
     device = raw.get("device", "gpu")
     if device not in ("gpu", "cpu"):
         raise ValueError("device: must be gpu or cpu")
-    return HostRates(copy, matmul, device)
+    threads = raw.get("threads", 1)
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 4096:
+        raise ValueError("threads: must be a whole number 1-4096")
+    return HostRates(
+        copy, matmul, device, threads=threads, one_thread_gflops=_table(one, "one_thread_gflops")
+    )
+
+
+def _table(table: Mapping[Any, Any], name: str) -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = {}
+    for kind, by_rows in table.items():
+        if kind not in KINDS:
+            raise ValueError(f"{name}: {str(kind)[:20]!r} is not one of {', '.join(KINDS)}")
+        if not isinstance(by_rows, Mapping) or not by_rows:
+            raise ValueError(f"{name}.{kind}: must be an object of rows")
+        out[kind] = {}
+        for rows, g in by_rows.items():
+            if not (isinstance(rows, str) and rows.isdigit() and 0 < int(rows) <= 1 << 16):
+                raise ValueError(f"{name}.{kind}: {str(rows)[:20]!r} is not a row count")
+            out[kind][int(rows)] = _rate(g, f"{name}.{kind}.{rows}")
+    return out
 
 
 def _rate(value: Any, key: str) -> float:

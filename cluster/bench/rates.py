@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
+from cluster import blas
 from topology.host_rates import ROWS, HostRates
 
 WIDTH = 2048  # K, and N unless cut to fit the budget: one mid-sized model's layer
@@ -34,6 +35,10 @@ MAX_SAMPLES = 10
 SAMPLE_SHARE = 0.1  # of a point's budget: how long one sample of several calls aims to last
 SAFETY = 4  # a call is sized to 1/4 of its point's budget: the guess from fewer rows can be 2x off
 
+ONE_THREAD_SHARE = 0.3  # of the budget, added: the BLAS kinds again on one thread
+BLAS_KINDS = (
+    "float32",
+)  # what MLX's CPU backend hands to BLAS (cblas_sgemm); the rest it computes
 FLOATS = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 QUANTIZED_DTYPE = mx.bfloat16  # activations and scales of a quantized model
 
@@ -154,7 +159,11 @@ def device() -> str:
 
 def measure(kinds: Sequence[str], seconds: float) -> HostRates:
     """The host's rates: `seconds` of timing shared out (a COPY_SHARE to the copy, the rest
-    equally to the kinds), plus making the arrays (kept small: one weight cast per kind)."""
+    equally to the kinds), plus making the arrays (kept small: one weight cast per kind).
+
+    A CPU whose OpenBLAS runs several threads times its BLAS kinds (float32) once more on one
+    thread, in a further ONE_THREAD_SHARE of `seconds`: N ranks on the host split its cores,
+    and at a decode's few rows one thread does nearly what all of them do."""
     copy = copy_gbs(seconds * COPY_SHARE)
     # Scaled as an initialized layer is, so float16 sums stay finite.
     w = pattern((WIDTH, WIDTH), WIDTH**-0.5)
@@ -163,4 +172,12 @@ def measure(kinds: Sequence[str], seconds: float) -> HostRates:
     table = {
         kind: {r: _round(g) for r, g in matmul_gflops(kind, w, per_kind).items()} for kind in kinds
     }
-    return HostRates(_round(copy), table, device())
+    threads = blas.blas_threads() if device() == "cpu" else None
+    one: dict[str, dict[int, float]] = {}
+    blas_kinds = [k for k in kinds if k in BLAS_KINDS]
+    if threads is not None and threads > 1 and blas_kinds and blas.set_blas_threads(1):
+        share = seconds * ONE_THREAD_SHARE / len(blas_kinds)
+        for kind in blas_kinds:
+            one[kind] = {r: _round(g) for r, g in matmul_gflops(kind, w, share).items()}
+        blas.set_blas_threads(threads)
+    return HostRates(_round(copy), table, device(), threads=threads or 1, one_thread_gflops=one)

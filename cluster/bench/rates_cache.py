@@ -26,6 +26,7 @@ from cluster.files.cache import cache_root
 from topology.host_rates import DEFAULT_KINDS
 from topology.untrusted import parse_json
 
+RATES_FORMAT = "2"  # 2: one-thread rates too (kept rates of format 1 are measured again)
 MAX_BYTES = 64 * 1024  # a few dozen numbers
 # What changes the rates besides the code: OpenBLAS's and OpenMP's thread counts.
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
@@ -42,6 +43,7 @@ def rates_key() -> dict[str, str]:
     """What cached rates were measured with, from this process's environment (before a BLAS
     re-execution changes it); a change means measuring again."""
     return {
+        "format": RATES_FORMAT,
         "host": socket.gethostname(),
         "python": sys.executable,
         "mlx": _version("mlx"),

@@ -7,12 +7,14 @@ stands in) and is not kept, so the next plan tries again.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import click
 
 from cluster.bench import rates_cache
+from cluster.microbench import KEY_ENV
 from topology.errors import one_line
 from topology.host_rates import HostRates, parse_rates
 
@@ -32,14 +34,16 @@ def _warn(line: str) -> None:
     click.echo(f"mlx-cluster: warning: {line}", err=True)
 
 
-def measure() -> str | None:
-    """rates.json's text from this interpreter's microbenchmark; None (said on stderr) when it
-    fails."""
+def measure(key: dict[str, str]) -> str | None:
+    """rates.json's text from this interpreter's microbenchmark, which keeps it under `key`;
+    None (said on stderr) when it fails."""
     argv = [sys.executable, "-m", "cluster.microbench"]
+    env = {**os.environ, KEY_ENV: json.dumps(key)}
     try:
         done = subprocess.run(
-            argv, capture_output=True, timeout=MEASURE_TIMEOUT_S, stdin=subprocess.DEVNULL
-        )
+            argv, capture_output=True, timeout=MEASURE_TIMEOUT_S, stdin=subprocess.DEVNULL,
+            env=env,
+        )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as e:
         reason = one_line(str(e), 200)
         _warn(f"could not measure this machine's rates ({reason}); using the chip table")
@@ -61,13 +65,11 @@ def local_rates() -> HostRates | None:
     cached = _cached(key)
     if cached is not None:
         return cached
-    text = measure()
+    text = measure(key)  # the microbenchmark keeps what it measured (with its BLAS line)
     if text is None:
         return None
     try:
-        rates = parse_rates(text)
+        return parse_rates(text)
     except ValueError as e:
         _warn(f"this machine's microbenchmark printed no rates ({e}); using the chip table")
         return None
-    rates_cache.keep(key, rates.to_json())
-    return rates

@@ -14,7 +14,7 @@ import pytest
 from paths import PYTHON
 
 from cluster import blas
-from cluster.microbench import DEFAULT_KINDS, LONE_RANK
+from cluster.microbench import DEFAULT_KINDS, KEY_ENV, LONE_RANK
 from topology.host_rates import ROWS, parse_rates
 
 OPENBLAS = blas.find_openblas()
@@ -61,6 +61,11 @@ def test_measures_with_the_blas_and_threads_a_lone_rank_here_gets() -> None:
     threads = blas.threads_for(LONE_RANK)
     assert raw["blas"].startswith("openblas ") and raw["blas"].endswith(f"({OPENBLAS})")
     assert f" {threads} thread{'s' * (threads != 1)} (" in raw["blas"]
+    # several threads: float32 (what MLX hands to BLAS) timed again on one, for shared cores
+    assert raw["threads"] == threads
+    one = raw["one_thread_gflops"]
+    assert (sorted(one) == ["float32"]) if threads > 1 else one == {}
+    assert all(sorted(map(int, by_rows)) == list(ROWS) for by_rows in one.values())
     # (blas.in_use() names the library loaded in the measuring process. A speed ordering, such
     # as 512 rows against one, flaked under a loaded CI: the rates are not compared here.)
 
@@ -95,6 +100,14 @@ def test_a_blas_setting_a_rank_would_refuse_fails_with_one_line() -> None:
     done = _bench("--seconds", "0.3", env={blas.CHOICE_ENV: "libopenblas.so"})
     assert done.returncode == 1 and done.stdout == ""
     assert blas.CHOICE_ENV in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("key", ["{not json", "[1]", '{"host": 5}'])
+def test_a_bad_cache_key_from_the_caller_fails_with_one_line(key: str) -> None:
+    done = _bench("--seconds", "0.3", env={KEY_ENV: key})
+    assert done.returncode == 1 and done.stdout == ""
+    assert f"{KEY_ENV} must be a JSON object of strings" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_the_default_run_is_kept_and_printed_again_until_fresh(tmp_path: Any) -> None:

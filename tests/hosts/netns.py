@@ -100,7 +100,11 @@ class EmulatedHosts:
         if topology == "mesh" and n * (n - 1) // 2 > MESH_NET.num_addresses // 4:
             raise ValueError(f"a mesh of {n} hosts needs more /30s than {MESH_NET} holds")
         self.n, self.topology, self.netem, self.with_sshd = n, topology, netem, sshd
-        self.private, self.session_env = [Path(p) for p in private], dict(session_env or {})
+        # The emulated hosts share this machine's cores, which a rank cannot see (it counts the
+        # ranks at its own address): say so, as such a host's profile would (cluster/ring_wait.py).
+        shared_cores = {"MLX_CLUSTER_RING_WAIT": "sleep"}
+        self.private = [Path(p) for p in private]
+        self.session_env = {**shared_cores, **(session_env or {})}
         self.hosts: list[Host] = []
         self.tag = ""
         self.tmp = Path()

@@ -12,6 +12,7 @@ import pytest
 from paths import FIXTURES, MLX_CLUSTER
 
 from cluster import blas
+from cluster.bench import rates_cache
 from launcher.planning import local_rates as lr
 from launcher.planning.cluster_plan import measured_machine
 from topology.host_rates import parse_rates
@@ -28,7 +29,7 @@ def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def _measured_never(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail() -> str | None:
+    def fail(key: dict[str, str]) -> str | None:
         raise AssertionError("measured again")
 
     monkeypatch.setattr(lr, "measure", fail)
@@ -37,8 +38,9 @@ def _measured_never(monkeypatch: pytest.MonkeyPatch) -> None:
 def _measured_canned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
 
-    def canned() -> str | None:
+    def canned(key: dict[str, str]) -> str | None:
         calls.append(1)
+        rates_cache.keep(key, json.loads(CANNED))  # as the microbenchmark keeps what it measured
         return CANNED
 
     monkeypatch.setattr(lr, "measure", canned)

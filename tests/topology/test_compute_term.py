@@ -178,3 +178,56 @@ def test_pipeline_prefill_runs_stages_one_after_another() -> None:
     two = plan_local(linux(), 2, spec, strategy="pipeline", prompt_tokens=1024)
     # two stages, each on half the machine's compute, one after the other: no faster
     assert (two.predicted_ttft_s or 0) >= 0.95 * (one.predicted_ttft_s or 0)
+
+
+def test_ranks_that_share_a_cpu_split_its_cores_and_a_gpu_shares_one_device() -> None:
+    """A 2-core host measured on both threads and on one: a rank of two has one core (its
+    one-thread rate); beyond the cores, ranks share them in time; kinds MLX computes itself
+    (one thread anyway) keep their rate while cores last; a GPU is divided."""
+    rates = HostRates(
+        10.0,
+        {"float32": {1: 4.0, 8: 20.0, 512: 40.0}, "q4-float32": {1: 3.0, 512: 3.0}},
+        "cpu",
+        threads=2,
+        one_thread_gflops={"float32": {1: 3.5, 8: 12.0, 512: 21.0}},
+    )
+    assert rates.shared_gflops("float32", 1, 1) == 4.0
+    assert rates.shared_gflops("float32", 1, 2) == 3.5
+    assert rates.shared_gflops("float32", 512, 2) == 21.0
+    assert rates.shared_gflops("float32", 1, 3) == pytest.approx(3.5 * 2 / 3)
+    assert rates.shared_gflops("q4-float32", 1, 2) == 3.0
+    assert rates.shared_gflops("q4-float32", 1, 4) == 1.5
+    eight = dataclasses.replace(rates, threads=8)  # 2 ranks of 4 threads: 3/7 of the way up
+    assert eight.shared_gflops("float32", 512, 2) == pytest.approx(21.0 + 19.0 * 3 / 7)
+    gpu = dataclasses.replace(rates, device="gpu")
+    assert gpu.shared_gflops("float32", 512, 2) == 20.0
+    assert parse_rates(json.dumps(rates.to_json())) == dataclasses.replace(rates, source="measured")
+    # a plan of two ranks on it decodes at the one-thread rate, not half the two-thread one
+    host = dataclasses.replace(linux(), rates=rates)
+    spec = small_spec()
+    halved = plan_local(linux(), 2, spec, strategy="tensor").predicted_decode_tok_s or 0
+    split = plan_local(host, 2, spec, strategy="tensor").predicted_decode_tok_s or 0
+    assert split > 1.2 * halved
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"threads": 0}, "threads: must be a whole number"),
+        ({"threads": True}, "threads: must be a whole number"),
+        ({"one_thread_gflops": []}, "one_thread_gflops: must be an object"),
+        ({"one_thread_gflops": {"float32": {"1": -1}}}, "one_thread_gflops.float32.1: must be"),
+    ],
+)
+def test_bad_thread_figures_are_one_reason(change: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse_rates(json.dumps({**LINUX_RATES, **change}))
+
+
+def test_more_local_ranks_than_cores_is_said() -> None:
+    rates = dataclasses.replace(parse_rates(json.dumps(LINUX_RATES)), threads=2)
+    host = dataclasses.replace(linux(), rates=rates)
+    three = plan_local(host, 3, small_spec(), strategy="pipeline")
+    assert any("3 ranks share 2 cores" in a for a in three.assumptions)
+    two = plan_local(host, 2, small_spec(), strategy="pipeline")
+    assert not any("share 2 cores" in a for a in two.assumptions)

@@ -33,14 +33,13 @@ class Slot:
     # True when usable_bytes is a wired limit someone set (too small for the weights: bad input).
     limit_given: bool = False
     rates: HostRates | None = None  # measured on the host (None: compute not modelled)
-    compute_fraction: float = 1.0  # the share of the host's compute this rank gets (--local N)
+    ranks_here: int = 1  # the ranks that share this host's compute (--local N)
 
     def gflops(self, kind: str, rows: int) -> float | None:
         """This rank's matmul throughput at `rows` rows, when its host was measured."""
         if self.rates is None:
             return None
-        g = self.rates.gflops(kind, rows)
-        return g * self.compute_fraction if g else None
+        return self.rates.shared_gflops(kind, rows, self.ranks_here)
 
 
 @dataclass(frozen=True)

@@ -334,12 +334,18 @@ def plan_local(
         limit_given=host.wired_limit_bytes is not None,
         # the ranks share this machine's cores as they share its memory bandwidth
         rates=host.rates,
-        compute_fraction=1 / n,
+        ranks_here=n,
     )
     notes = [
         f"{n} ranks share this machine's memory and memory bandwidth",
         *_assumptions([host], calibration, "ring-local"),
     ]
+    rates = host.rates
+    if rates is not None and rates.device == "cpu" and n > rates.threads:
+        notes.append(
+            f"{n} ranks share {rates.threads} cores: each computes {rates.threads}/{n} of the "
+            "time, and a rank waiting on another cannot make it go faster"
+        )
     return _plan(
         spec, [slot] * n, strategy, "ring", "ring-local", context, [], calibration,
         prompt_tokens, local=True, assumptions=tuple(notes),
