@@ -20,29 +20,28 @@ blas.use_in_this_process()
 # module-scoped servers and models are built once, on one worker), unless a test names an
 # xdist_group of its own. Units start slowest first, so the longest one (a single test that
 # sleeps through a 60 s prefill chunk) is not left for the end; the rest keep their order.
-# Measured on the 2-core CI machine, serial; a stale list costs time, never correctness.
+# Measured on the 2-core CI machine (worker seconds); a stale list costs time, never correctness.
 SLOWEST_FIRST = [
-    "tests/launcher/test_slow_work.py",  # 186 s, one test
-    "tests/launcher/test_serve_hosts.py",  # 243 s
-    "tests/hosts/test_model_share.py",  # 239 s
-    "tests/hosts/test_multihost.py",  # 210 s
-    "tests/cluster/test_uneven_tensor.py",  # ~150 s (17 multi-rank runs)
-    "tests/launcher/test_launch.py",  # ~110 s with the real model's demo
-    "tests/launcher/test_serve_tool_cuts.py",  # 91 s
-    "tests/hosts/test_setup_apply.py",  # 87 s
-    "tests/cluster/test_rank_decode.py",  # 71 s
-    "tests/hosts/test_discovery.py",  # 63 s
-    "tests/launcher/test_bench.py",  # 60 s
-    "tests/launcher/test_serve_memory.py",  # 47 s
-    "tests/launcher/test_draft_model.py",  # 45 s
-    "tests/launcher/test_dashboard_hosts.py",  # 43 s
-    "tests/launcher/test_serve.py",  # 41 s
-    "tests/launcher/test_cmd_topology.py",  # 40 s
-    "tests/launcher/test_serve_batching.py",  # 39 s
-    "tests/launcher/test_serve_api.py",  # 38 s
-    "tests/cluster/test_serve_engine.py",  # 34 s
-    "tests/launcher/test_supervisor.py",  # 32 s
-    "tests/launcher/test_dashboard.py",  # 31 s
+    "tests/launcher/test_slow_work.py",  # 184 s, one test
+    "tests/hosts/test_multihost.py",  # 275 s
+    "tests/hosts/test_model_share.py",  # 186 s
+    "tests/launcher/test_serve_hosts.py",  # 184 s
+    "tests/launcher/test_serve_tool_cuts.py",  # 102 s
+    "tests/cluster/test_uneven_tensor.py",  # 80 s (17 multi-rank runs)
+    "tests/hosts/test_setup_apply.py",  # 63 s
+    "tests/launcher/test_bench.py",  # 62 s
+    "tests/hosts/test_discovery.py",  # 54 s
+    "tests/launcher/test_launch.py",  # 54 s with the real model's demo
+    "tests/launcher/test_serve.py",  # 43 s
+    "tests/launcher/test_cmd_topology.py",  # 41 s
+    "tests/cluster/test_rank_decode.py",  # 40 s
+    "tests/launcher/test_supervisor.py",  # 35 s
+    "tests/launcher/test_dashboard_hosts.py",  # 34 s
+    "tests/launcher/test_serve_batching.py",  # 34 s
+    "tests/launcher/test_draft_model.py",  # 33 s
+    "tests/launcher/test_serve_memory.py",  # 28 s
+    "tests/launcher/test_dashboard.py",  # 27 s
+    "tests/launcher/test_serve_api.py",  # 27 s
 ]
 
 

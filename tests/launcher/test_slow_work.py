@@ -7,10 +7,12 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
 from launch_helpers import PROMPT, launched, tiny_model
 from serve_helpers import serving
 
 __all__ = ["tiny_model"]
+pytestmark = pytest.mark.sleeps  # scripts/check runs it beside the workers, not on one
 
 SLOW = ["--job-option", "prompt_delay_s=60", "--job-option", "token_delay_s=20"]
 MAX_TOKENS = 2  # one 60 s prefill chunk, then two 20 s decode steps
