@@ -45,19 +45,23 @@ class HostRates:
         log(rows), flat beyond the ends; None when the kind was not measured."""
         return _between(self.matmul_gflops.get(kind, {}), rows)
 
-    def shared_gflops(self, kind: str, rows: int, ranks: int) -> float | None:
-        """What one of `ranks` ranks on this host multiplies at, all of them computing.
+    def shared_gflops(
+        self, kind: str, rows: int, ranks: int, together: bool = True
+    ) -> float | None:
+        """What one of `ranks` ranks on this host multiplies at: all of them computing at once
+        (tensor), or (together=False) one at a time while the others wait (pipeline stages).
 
-        A GPU is one device: each gets 1/ranks. A CPU's ranks split its cores: each rank's BLAS
-        has threads // ranks of them (cluster/blas.py), its rate taken between the one-thread
-        and the all-thread measurement in proportion; more ranks than cores share them in time.
-        A kind with no one-thread figure ran on one thread: it keeps its rate while cores last."""
+        A GPU is one device: each gets 1/ranks of it at once, all of it alone. A CPU's ranks
+        split its cores: each rank's BLAS has threads // ranks of them (cluster/blas.py), its
+        rate taken between the one-thread and the all-thread measurement in proportion; more
+        ranks than cores computing at once share them in time. A kind with no one-thread figure
+        ran on one thread: it keeps its rate while cores last."""
         lone = self.gflops(kind, rows)
         if lone is None or ranks <= 1:
             return lone
         if self.device != "cpu":
-            return lone / ranks
-        time_share = min(1.0, self.threads / ranks)
+            return lone / ranks if together else lone
+        time_share = min(1.0, self.threads / ranks) if together else 1.0
         one = _between(self.one_thread_gflops.get(kind, {}), rows)
         if one is None or self.threads <= 1:
             return lone * time_share

@@ -201,6 +201,9 @@ def test_ranks_that_share_a_cpu_split_its_cores_and_a_gpu_shares_one_device() ->
     assert eight.shared_gflops("float32", 512, 2) == pytest.approx(21.0 + 19.0 * 3 / 7)
     gpu = dataclasses.replace(rates, device="gpu")
     assert gpu.shared_gflops("float32", 512, 2) == 20.0
+    # pipeline stages compute one at a time: no sharing in time, each on its own threads
+    assert rates.shared_gflops("float32", 1, 3, together=False) == 3.5
+    assert gpu.shared_gflops("float32", 512, 2, together=False) == 40.0
     assert parse_rates(json.dumps(rates.to_json())) == dataclasses.replace(rates, source="measured")
     # a plan of two ranks on it decodes at the one-thread rate, not half the two-thread one
     host = dataclasses.replace(linux(), rates=rates)

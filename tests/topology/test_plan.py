@@ -319,11 +319,17 @@ def test_broken_cluster_blocks_a_forced_backend_but_auto_falls_back() -> None:
 
 def test_local_ranks_share_this_machine() -> None:
     me = HostFacts(name="localhost", ssh="127.0.0.1", memory_bytes=64 * GIB, chip="Apple M4 Max")
-    plan = plan_local(me, 2, spec(QWEN_DENSE))
+    plan = plan_local(me, 2, spec(QWEN_DENSE), strategy="tensor")
     assert plan.ok and plan.local and plan.backend == "ring" and plan.strategy == "tensor"
     assert [r.ip for r in plan.ranks] == ["127.0.0.1", "127.0.0.1"]
     assert [r.memory_usable_bytes for r in plan.ranks] == [24 * GIB, 24 * GIB]  # 75% of 64, /2
     assert [r.bandwidth_gbs for r in plan.ranks] == [273.0, 273.0]  # 546 GB/s shared
+    # pipeline stages take turns: the one reading its layers has all 546 GB/s
+    staged = plan_local(me, 2, spec(QWEN_DENSE), strategy="pipeline")
+    assert [r.bandwidth_gbs for r in staged.ranks] == [546.0, 546.0]
+    assert [r.memory_usable_bytes for r in staged.ranks] == [24 * GIB, 24 * GIB]
+    one = plan_local(me, 1, spec(QWEN_DENSE)).predicted_decode_tok_s or 0
+    assert 0.8 * one < (staged.predicted_decode_tok_s or 0) < one
     unknown = plan_local(HostFacts(name="localhost", memory_bytes=64 * GIB), 1, spec(QWEN_DENSE))
     assert any("assumed" in a for a in unknown.assumptions)
     with pytest.raises(ValueError):

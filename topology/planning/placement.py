@@ -34,12 +34,14 @@ class Slot:
     limit_given: bool = False
     rates: HostRates | None = None  # measured on the host (None: compute not modelled)
     ranks_here: int = 1  # the ranks that share this host's compute (--local N)
+    computes_alone: bool = False  # the others wait while it computes (--local pipeline stages)
 
     def gflops(self, kind: str, rows: int) -> float | None:
         """This rank's matmul throughput at `rows` rows, when its host was measured."""
         if self.rates is None:
             return None
-        return self.rates.shared_gflops(kind, rows, self.ranks_here)
+        together = not self.computes_alone
+        return self.rates.shared_gflops(kind, rows, self.ranks_here, together)
 
 
 @dataclass(frozen=True)
