@@ -62,7 +62,12 @@ def _restart_sshd(hosts: EmulatedHosts, i: int, path: str) -> None:
     hosts.stop_sshd(i)
     state = hosts.tmp / host.name
     config = state / "sshd_config"
-    config.write_text(config.read_text() + f"SetEnv PATH={path}\n")
+    # sshd honours only the first SetEnv line: PATH joins the one the hosts already have
+    lines = [ln for ln in config.read_text().splitlines() if not ln.startswith("SetEnv ")]
+    given = [ln for ln in config.read_text().splitlines() if ln.startswith("SetEnv ")][:1]
+    kept = [v for g in given for v in g.split()[1:] if not v.startswith("PATH=")]
+    env = " ".join([*kept, f"PATH={path}"])
+    config.write_text("\n".join([f"SetEnv {env}", *lines]) + "\n")
     with (state / "sshd.log").open("ab") as log:
         host.sshd = subprocess.Popen(
             ["ip", "netns", "exec", host.ns, openssh.SSHD, "-D", "-e", "-f", str(config)],
