@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import re
@@ -377,6 +378,7 @@ if __name__ == "__main__":
     print(probe_line())
 
 
+@functools.cache  # one handle per process: the library and its symbols do not change
 def _preloaded_openblas() -> Any | None:
     """The OpenBLAS this rank preloaded, through ctypes (None: none preloaded, or not OpenBLAS)."""
     library = os.environ.get(MARKER_ENV)

@@ -135,11 +135,11 @@ def init_group(job: RankJob) -> Any:
 
     backend = "jaccl" if job.backend == "jaccl-ring" else job.backend
     try:
-        group, fds = ring_wait.opened_by(lambda: mx.distributed.init(strict=True, backend=backend))
+        group = mx.distributed.init(strict=True, backend=backend)
     except RuntimeError as e:
         raise RuntimeError(f"{job.backend} init failed on rank {job.rank}: {e}") from None
     if backend == "ring" and ring_wait.should_sleep(ranks_on_this_host(job), cores(), os.environ):
-        ring_wait.sleep_while_waiting(fds)
+        ring_wait.sleep_while_waiting(ring_wait.ring_endpoints(job.files.get("MLX_HOSTFILE", "")))
     if (group.rank(), group.size()) != (job.rank, job.world_size):
         raise InputError(
             f"MLX says rank {group.rank()} of {group.size()} but the job is rank "

@@ -12,25 +12,24 @@ arrives, and the timeout returns EAGAIN, which the worker already treats as "try
 still gets to its pending sends. Where every rank has its cores, the spin costs nothing and the
 sleep's wake-up costs a little (tensor ×2 decode ~5 % slower alone here), so this is done only
 where ranks would otherwise take cores from each other. MLX_CLUSTER_RING_WAIT=spin|sleep
-decides by hand. Linux only (the sockets are found in /proc/self/fd).
+decides by hand. Linux only (the sockets are found in /proc/self/fd). Only the ring's own
+connections are changed: those with an end at an address and port of its hostfile.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import socket
 import struct
 import sys
-from collections.abc import Callable, Mapping
-from typing import TypeVar
+from collections.abc import Mapping
 
 CHOICE_ENV = "MLX_CLUSTER_RING_WAIT"  # auto (default) | spin | sleep
 # Linux rounds socket timeouts up to a scheduler tick (1–10 ms): a sleeping worker wakes at once
 # when data comes, and a send queued behind a pending receive waits at most this long.
 TIMEOUT_S = 0.001
-
-T = TypeVar("T")
 
 
 def should_sleep(ranks_here: int | None, cores: int, environ: Mapping[str, str]) -> bool:
@@ -58,24 +57,28 @@ def sockets() -> set[int]:
     return found
 
 
-def opened_by(init: Callable[[], T]) -> tuple[T, set[int]]:
-    """Run `init` and return its result with the sockets it opened and kept open."""
-    before = sockets()
-    result = init()
-    return result, sockets() - before
+def ring_endpoints(hostfile: str) -> set[tuple[str, int]]:
+    """The (address, port) pairs of a ring hostfile (MLX_HOSTFILE: one list of "ip:port" per
+    rank): every ring connection has one of them at one end. Empty when it cannot be read."""
+    try:
+        ranks = json.loads(hostfile)
+        return {(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for r in ranks for a in r}
+    except (ValueError, TypeError, IndexError, AttributeError):
+        return set()
 
 
-def sleep_while_waiting(fds: set[int], timeout_s: float = TIMEOUT_S) -> int:
-    """Make each TCP socket blocking with receive and send timeouts; how many were changed."""
+def sleep_while_waiting(endpoints: set[tuple[str, int]], timeout_s: float = TIMEOUT_S) -> int:
+    """Make each TCP socket of this process with one end at a ring endpoint blocking, with
+    receive and send timeouts; how many were changed. Other sockets are left as they are."""
     tv = struct.pack("ll", 0, int(timeout_s * 1e6))  # struct timeval
     changed = 0
-    for fd in fds:
+    for fd in sockets():
         try:
             s = socket.socket(fileno=os.dup(fd))  # a duplicate shares the socket and its flags
         except OSError:
             continue
         with s:
-            if s.type != socket.SOCK_STREAM:
+            if s.type != socket.SOCK_STREAM or not _at(s, endpoints):
                 continue
             try:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
@@ -85,3 +88,16 @@ def sleep_while_waiting(fds: set[int], timeout_s: float = TIMEOUT_S) -> int:
                 continue
             changed += 1
     return changed
+
+
+def _at(s: socket.socket, endpoints: set[tuple[str, int]]) -> bool:
+    """Whether either end of `s` is one of the endpoints (an unconnected socket: its own)."""
+    ends = []
+    for name in (s.getsockname, s.getpeername):
+        try:
+            address = name()
+        except OSError:  # not connected
+            continue
+        if isinstance(address, tuple):
+            ends.append((str(address[0]), int(address[1])))
+    return any(end in endpoints for end in ends)

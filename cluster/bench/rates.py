@@ -36,9 +36,8 @@ SAMPLE_SHARE = 0.1  # of a point's budget: how long one sample of several calls 
 SAFETY = 4  # a call is sized to 1/4 of its point's budget: the guess from fewer rows can be 2x off
 
 ONE_THREAD_SHARE = 0.3  # of the budget, added: the BLAS kinds again on one thread
-BLAS_KINDS = (
-    "float32",
-)  # what MLX's CPU backend hands to BLAS (cblas_sgemm); the rest it computes
+# What MLX's CPU backend hands to BLAS (cblas_sgemm); the other kinds it computes itself.
+BLAS_KINDS = ("float32",)
 FLOATS = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 QUANTIZED_DTYPE = mx.bfloat16  # activations and scales of a quantized model
 

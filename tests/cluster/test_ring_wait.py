@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 from rankrun import ROOT, ring_jobs
 
-from cluster.ring_wait import CHOICE_ENV, should_sleep
+from cluster.ring_wait import CHOICE_ENV, ring_endpoints, should_sleep, sleep_while_waiting
 
 # One rank: init through the rank's own code, then rank 0 makes rank 1 wait before sending.
 RANK = """
@@ -88,3 +90,31 @@ def test_sleeping_is_chosen_where_ranks_share_cores(
     environ = {CHOICE_ENV: choice} if choice else {}
     linux = sys.platform == "linux"
     assert should_sleep(ranks, cores, environ) is (sleeps and (linux or choice == "sleep"))
+
+
+def _pair() -> tuple[socket.socket, socket.socket, socket.socket]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    for s in (listener, client, server):
+        s.setblocking(False)  # as MLX's ring leaves its connections
+    return listener, client, server
+
+
+def test_only_the_rings_own_connections_are_changed() -> None:
+    ring, other = _pair(), _pair()
+    try:
+        port = ring[0].getsockname()[1]
+        hostfile = json.dumps([[f"127.0.0.1:{port}"], ["127.0.0.1:1"]])
+        endpoints = ring_endpoints(hostfile)
+        assert endpoints == {("127.0.0.1", port), ("127.0.0.1", 1)}
+        assert sleep_while_waiting(endpoints) == 3  # the listener and both ends of its connection
+        for s in ring:
+            assert os.get_blocking(s.fileno())  # the descriptor; Python keeps its own view
+            raw = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.calcsize("ll"))
+            assert struct.unpack("ll", raw) != (0, 0)
+        assert not any(os.get_blocking(s.fileno()) for s in other)  # not the ring's: untouched
+        assert ring_endpoints("not json") == set() and ring_endpoints('[["no-port"]]') == set()
+    finally:
+        for s in (*ring, *other):
+            s.close()

@@ -63,9 +63,10 @@ def _restart_sshd(hosts: EmulatedHosts, i: int, path: str) -> None:
     state = hosts.tmp / host.name
     config = state / "sshd_config"
     # sshd honours only the first SetEnv line: PATH joins the one the hosts already have
-    lines = [ln for ln in config.read_text().splitlines() if not ln.startswith("SetEnv ")]
-    given = [ln for ln in config.read_text().splitlines() if ln.startswith("SetEnv ")][:1]
-    kept = [v for g in given for v in g.split()[1:] if not v.startswith("PATH=")]
+    lines = config.read_text().splitlines()
+    given = next((ln.split()[1:] for ln in lines if ln.startswith("SetEnv ")), [])
+    kept = [v for v in given if not v.startswith("PATH=")]
+    lines = [ln for ln in lines if not ln.startswith("SetEnv ")]
     env = " ".join([*kept, f"PATH={path}"])
     config.write_text("\n".join([f"SetEnv {env}", *lines]) + "\n")
     with (state / "sshd.log").open("ab") as log:
