@@ -347,7 +347,10 @@ def test_exit_is_quick_with_clients_connected(tmp_path: Path) -> None:
 
 def test_concurrent_clients_share_the_server(tmp_path: Path) -> None:
     """Two ranks at once: both progress together (no client waits for the other's file), and
-    neither gets less than a quarter of what was sent while both were reading."""
+    neither gets less than a tenth of what was sent while both were reading. A server that
+    serves one client at a time gives the second nothing until the first is done; the bound
+    leaves room for a busy 2-core machine scheduling the two client threads unevenly (CI saw
+    24.7 %)."""
     size = 24 << 20
     big = tmp_path / "big.bin"
     big.write_bytes(os.urandom(size))
@@ -383,4 +386,4 @@ def test_concurrent_clients_share_the_server(tmp_path: Path) -> None:
         for t in threads:
             t.join(timeout=30)
     assert got == [size, size]
-    assert min(at_first_finish) >= 0.25 * sum(at_first_finish), at_first_finish
+    assert min(at_first_finish) >= 0.1 * sum(at_first_finish), at_first_finish
