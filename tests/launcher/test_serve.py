@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from typing import Any
 
 import openai
 import pytest
-from launch_helpers import tiny_model
+from launch_helpers import MLX_CLUSTER, tiny_model
 from serve_helpers import Server, StreamInBackground, reference, serving
 
 from cluster.tiny_model import write_tiny_model
@@ -222,21 +223,39 @@ def test_rank_killed_mid_request_fails_it_then_serving_resumes_on_one_rank(
         assert "serving again" in s.stderr
 
 
-def test_batch_of_8_over_3_uneven_ranks_then_a_lost_rank_re_plans_tensor_x2(
+def test_4_ranks_lose_one_and_re_plan_tensor_x3_uneven_then_serve_a_batch_of_8(
     tmp_path: Path,
 ) -> None:
-    """6 heads / 3 KV heads: 3 ranks hold 2 heads each, and after a rank is lost 2 ranks hold 3
-    heads and 2 KV heads each (one replicated). Before uneven shares this re-planned a pipeline.
-    Eight concurrent chats through the official client, streamed and whole, all equal one plain
-    mlx-lm process (identical rows of a batch); a second turn hits the prefix cache and a
-    json_schema answer is valid, on the uneven shares."""
-    model = write_tiny_model(tmp_path / "kv3", layers=4, hidden=96, heads=6, kv_heads=3)
-    args = ["--local", "3", "--strategy", "tensor", "--model", str(model)]
+    """8 heads / 4 KV heads: 4 ranks hold 2 heads and 1 KV head each; a lost rank re-plans to
+    tensor ×3 (before uneven shares it was pipeline), where no even split exists (the plan's
+    shares are checked below). On those uneven shares, eight concurrent chats through the
+    official client, streamed and whole, all equal one plain mlx-lm process (identical rows of a
+    batch); a second turn hits the prefix cache and a json_schema answer is valid."""
+    model = write_tiny_model(tmp_path / "kv4", layers=4, hidden=128, heads=8, kv_heads=4)
+    plan = [MLX_CLUSTER, "plan", "--local", "3", "--strategy", "tensor", "--model", str(model)]
+    planned = subprocess.run(
+        [*plan, "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    heads = sorted(r["heads"] for r in json.loads(planned.stdout)["ranks"])
+    assert sum(heads) == 8 and heads[0] != heads[-1], heads
+    args = ["--local", "4", "--strategy", "tensor", "--model", str(model)]
     args += ["--job-option", "token_delay_s=0.1"]
     ref = reference(model, 16, chat=PROMPT)
     messages = [{"role": "user", "content": PROMPT}]
     with serving(*args) as s:
         s.wait_ready()
+        out = s.client().chat.completions.create(
+            model="m", messages=messages, max_tokens=16, temperature=0
+        )
+        assert out.choices[0].message.content == ref.text
+        failed_after, _ = _fail_over(s, kill_rank=0, ranks_before=4)
+        assert failed_after < FAIL_WITHIN_S
+        body = s.wait_health(True, RECOVER_WITHIN_S, every_s=0.5)
+        assert (body["strategy"], body["ranks"]) == ("tensor", 3)
+        assert "re-planned tensor ×4 → tensor ×3 in" in s.stderr
         texts: list[str | None] = [None] * 8
 
         def chat(i: int) -> None:
@@ -274,12 +293,3 @@ def test_batch_of_8_over_3_uneven_ranks_then_a_lost_rank_re_plans_tensor_x2(
             model="m", messages=messages, response_format=fmt, max_tokens=50, temperature=0
         )
         assert json.loads(out.choices[0].message.content or "")["mood"] in ("calm", "stormy")
-        failed_after, _ = _fail_over(s, kill_rank=0, ranks_before=3)
-        assert failed_after < FAIL_WITHIN_S
-        body = s.wait_health(True, RECOVER_WITHIN_S, every_s=0.5)
-        assert (body["strategy"], body["ranks"]) == ("tensor", 2)
-        out = s.client().chat.completions.create(
-            model="m", messages=messages, max_tokens=16, temperature=0
-        )
-        assert out.choices[0].message.content == ref.text
-        assert "re-planned tensor ×3 → tensor ×2 in" in s.stderr

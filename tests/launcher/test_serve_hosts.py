@@ -34,8 +34,9 @@ def hosts(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmulatedHosts]:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """6 heads / 3 KV heads: tensor over 3 hosts, and over 2 too (uneven shares: 3 heads each, one
-    KV head on both); before uneven shares the 2 that remained ran a pipeline."""
+    """6 heads / 3 KV heads: tensor over 3 hosts, and over 2 too (uneven shares: 2 heads on one
+    KV head and 4 on two, as the plan balances them); before uneven shares the 2 that remained
+    ran a pipeline."""
     root = tmp_path_factory.mktemp("serve-hosts")
     return write_tiny_model(root / "x3", layers=6, hidden=96, heads=6, kv_heads=3)
 
