@@ -50,12 +50,15 @@ class SliceReader:
             except (OSError, ValueError, KeyError, TypeError):  # unreadable: slices come from MLX
                 continue
 
-    def rows(self, name: str, like: mx.array, rows: Sequence[int]) -> mx.array | None:
-        """like[..., rows, :] read from the file (None: read it the usual way)."""
+    def rows(
+        self, name: str, like: mx.array, rows: Sequence[int], axis: int = -2
+    ) -> mx.array | None:
+        """like's entries `rows` along `axis` (its rows by default: like[..., rows, :]), read
+        from the file (None: read it the usual way)."""
         data = self._map(name, like)
-        if data is None or like.ndim < 2:
+        if data is None or not -like.ndim <= axis < like.ndim:
             return None
-        return self._array(np.take(data, np.asarray(rows), axis=-2), name)
+        return self._array(np.take(data, np.asarray(rows), axis=axis), name)
 
     def columns(
         self, name: str, like: mx.array, spans: Sequence[tuple[int, int]]

@@ -5,8 +5,13 @@ columns its `RankShare` names (topology/planning/tensor_shares.py), so any rank 
 shares work. Layers that produce a slice ("all-to-sharded": q/k/v, gate/up) keep rows; layers
 that consume one ("sharded-to-all": o, down) keep columns and all-sum their partial outputs. A
 bias of a summed layer stays on rank 0 only, so it is added once. Quantized columns are cut in
-whole groups. Weights are still lazy here and load.py evaluates them layer by layer: a rank keeps
-only its slices, though MLX reads each sliced tensor whole from its file first.
+whole groups. Every weight a share cuts (projections, experts, their scales, biases and sinks,
+MLA's per-head maps) is read from its file through SliceReader, only the share's bytes; MLX
+would read a lazily loaded tensor whole before slicing it. A tensor the files do not hold as
+loaded is still sliced from the lazy parameter, read whole: this is the case for weights that
+mlx-lm's sanitize() makes, e.g. MLA's embed_q / unembed_out in a Hugging Face DeepSeek-V3 /
+Kimi-K2 checkpoint, which holds kv_b_proj instead (the files mlx-lm writes hold embed_q and
+unembed_out themselves). Weights stay lazy here; load.py evaluates them layer by layer.
 """
 
 from __future__ import annotations
@@ -45,10 +50,11 @@ class _Source:
         self.reader = reader
         self.paths = {id(m): name for name, m in net.named_modules()} if reader else {}
 
-    def rows(self, layer: nn.Module, name: str, rows: Sequence[int]) -> mx.array:
+    def rows(self, layer: nn.Module, name: str, rows: Sequence[int], axis: int = -2) -> mx.array:
         path = self.paths.get(id(layer))
-        read = self.reader.rows(f"{path}.{name}", layer[name], rows) if self.reader else None
-        return read if read is not None else mx.take(layer[name], mx.array(list(rows)), axis=-2)
+        whole = layer[name]
+        read = self.reader.rows(f"{path}.{name}", whole, rows, axis) if self.reader else None
+        return read if read is not None else mx.take(whole, mx.array(list(rows)), axis=axis)
 
     def columns(self, layer: nn.Module, name: str, spans: Sequence[Span]) -> mx.array:
         path = self.paths.get(id(layer))
@@ -76,11 +82,15 @@ def _attention(
 ) -> None:
     heads = share.heads(grid)
     if hasattr(attn, "embed_q"):  # MLA (DeepSeek V3 / Kimi K2): per-head latent maps
-        index = mx.array(heads)
+        # (heads, out, in) each: the share's heads along axis 0. A Hugging Face checkpoint holds
+        # kv_b_proj instead, which sanitize() dequantizes, splits per head and (if it was
+        # quantized) requantizes into these: the reader finds no such name and the heads are cut
+        # from the lazy result, all of kv_b_proj read; reading only the heads' rows of kv_b_proj
+        # would mean redoing sanitize() here.
         for part in (attn.embed_q, attn.unembed_out):
             for name in ("weight", "scales", "biases"):
                 if name in part:
-                    part[name] = mx.take(part[name], index, axis=0)
+                    part[name] = src.rows(part, name, heads, axis=0)
         q = attn.q_proj if attn.q_lora_rank is None else attn.q_b_proj
         _rows(q, _blocks(heads, _out_dims(q) // grid.heads), src)
         attn.num_heads = len(heads)
@@ -90,7 +100,7 @@ def _attention(
         for proj in (attn.k_proj, attn.v_proj):
             _rows(proj, _blocks(kv, _out_dims(proj) // grid.kv_heads), src)
         if hasattr(attn, "sinks"):  # gpt-oss: one learned sink logit per head
-            attn.sinks = mx.take(attn.sinks, mx.array(heads), axis=0)
+            attn.sinks = src.rows(attn, "sinks", heads, axis=-1)
             attn.num_attention_heads, attn.num_key_value_heads = len(heads), len(kv)
             attn.num_key_value_groups = len(heads) // len(kv)
         else:
@@ -156,7 +166,7 @@ def _rows(layer: nn.Module, rows: Sequence[int], src: _Source) -> None:
         if name in layer:
             layer[name] = src.rows(layer, name, rows)
     if "bias" in layer:
-        layer["bias"] = mx.take(layer["bias"], mx.array(list(rows)), axis=-1)
+        layer["bias"] = src.rows(layer, "bias", rows, axis=-1)  # (experts x) out features
 
 
 def _cols(layer: nn.Module, spans: Sequence[Span], rank: int, src: _Source) -> None:

@@ -1,6 +1,7 @@
 """A tensor rank reads its share of a weight from the file, not the whole weight: the slices equal
 MLX's own slices of the loaded tensor, in every dtype a model ships in, and reading one costs
-MLX memory for the slice alone (a lazily loaded tensor is read whole before it is sliced)."""
+MLX memory for the slice alone (a lazily loaded tensor is read whole before it is sliced). In
+every family tensor_shards cuts, each weight a share cuts is read so."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
+from cluster.load import tensor_share
 from cluster.slice_reader import SliceReader
+from cluster.tensor_shards import shard_model
 from cluster.tiny_model import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,3 +110,97 @@ def test_reading_an_eighth_costs_an_eighth(tmp_path: Path) -> None:
     from_file, from_mlx = json.loads(done.stdout)
     assert from_file < 1.5 * slice_bytes, from_file
     assert from_mlx >= n * n * 4, from_mlx  # the whole tensor, as before
+
+
+# One rank's share of a 3-rank plan in each family that tensor_shards cuts; hidden 128 for
+# llama's 8 heads and for 4-bit experts of 3 groups of 32 (1 a rank)
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {"family": "llama", "hidden": 128, "heads": 8, "kv_heads": 4},
+    "qwen3_moe": {"family": "qwen3_moe"},
+    "deepseek_v3": {"family": "deepseek_v3"},
+    "glm4_moe": {"family": "glm4_moe"},
+    "gpt_oss": {"family": "gpt_oss"},
+    "qwen3_moe 4-bit": {"family": "qwen3_moe", "hidden": 128, "moe_intermediate": 96,
+                        "quantize_bits": 4, "group_size": 32},
+    "deepseek_v3 4-bit": {"family": "deepseek_v3", "hidden": 128, "moe_intermediate": 96,
+                          "quantize_bits": 4, "group_size": 32},
+}  # fmt: skip
+# The layers a share cuts; a summed layer's bias is not cut but zeroed off rank 0
+CUT = ("q_proj", "k_proj", "v_proj", "q_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+       "embed_q", "unembed_out")  # fmt: skip
+ZEROED = ("o_proj.bias", "down_proj.bias")
+# What each family must show among the weights read, so the check above is not vacuous
+SHOWN = {
+    "llama": ("self_attn.k_proj.weight", "mlp.down_proj.weight"),
+    "qwen3_moe": ("switch_mlp.gate_proj.weight", "switch_mlp.down_proj.weight"),
+    "deepseek_v3": ("self_attn.q_b_proj.weight", "embed_q.weight", "unembed_out.weight",
+                    "mlp.gate_proj.weight", "switch_mlp.up_proj.weight",
+                    "shared_experts.down_proj.weight"),
+    "glm4_moe": ("self_attn.v_proj.weight", "switch_mlp.down_proj.weight",
+                 "shared_experts.gate_proj.weight"),
+    "gpt_oss": ("self_attn.sinks", "self_attn.q_proj.bias", "experts.gate_proj.bias",
+                "experts.down_proj.weight"),
+    "qwen3_moe 4-bit": ("self_attn.q_proj.scales", "switch_mlp.down_proj.biases"),
+    "deepseek_v3 4-bit": ("embed_q.scales", "unembed_out.biases", "switch_mlp.down_proj.scales",
+                          "shared_experts.up_proj.biases"),
+}  # fmt: skip
+
+
+class _Rank:
+    """The group shard_model is given: it asks the rank only (nothing here runs a collective)."""
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+
+    def rank(self) -> int:
+        return self._rank
+
+
+def _params(net: Any) -> dict[str, mx.array]:
+    # a summed layer is wrapped (SumOut.inner): the file's name for its weights
+    return {k.replace(".inner.", "."): v for k, v in tree_flatten(net.parameters())}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_weight_a_share_cuts_is_read_from_the_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Rank 1 of an uneven 3-rank plan: every weight its share cuts comes from the reader, none
+    sliced from the loaded tensor (which MLX would read whole), and equals MLX's own slice."""
+    folder = write_tiny_model(tmp_path / "m", layers=2, **FAMILIES[name])
+    cfg = json.loads((folder / "config.json").read_text())
+    shares = [tensor_share(cfg, r, 3, None) for r in range(3)]
+    assert len({json.dumps(s.to_json()) for s, _ in shares}) == 3  # each rank its own share
+    read: set[str] = set()
+    refused: set[str] = set()
+
+    def recorded(method: Callable[..., mx.array | None]) -> Callable[..., mx.array | None]:
+        def call(self: SliceReader, tensor: str, *args: Any) -> mx.array | None:
+            got = method(self, tensor, *args)
+            (read if got is not None else refused).add(tensor)
+            return got
+
+        return call
+
+    monkeypatch.setattr(SliceReader, "rows", recorded(SliceReader.rows))
+    monkeypatch.setattr(SliceReader, "columns", recorded(SliceReader.columns))
+    net, _ = load_model(folder, lazy=True)
+    loaded = _params(net)
+    shard_model(net, _Rank(1), *shares[1], reader=SliceReader(sorted(folder.glob("*.safetensors"))))
+    got = _params(net)
+    # a weight replaced by another array was cut (or zeroed): it must have been read
+    replaced = {k for k, v in got.items() if v is not loaded[k]}
+    cut = {k for k in loaded if k.split(".")[-2] in CUT or k.endswith(".sinks")}
+    cut -= {k for k in cut if k.endswith(ZEROED)}
+    assert refused == set()  # nothing the reader was asked for fell back to a whole read
+    assert replaced - cut <= {k for k in loaded if k.endswith(ZEROED)}, sorted(replaced - cut)
+    assert cut <= read, sorted(cut - read)  # sliced from a loaded tensor instead
+    for want in SHOWN[name]:
+        assert any(k.endswith(want) for k in read), want
+    # and the slices are the ones MLX cuts from the loaded tensors
+    plain, _ = load_model(folder, lazy=True)
+    shard_model(plain, _Rank(1), *shares[1])
+    sliced = _params(plain)
+    assert sliced.keys() == got.keys()
+    for k in cut:
+        assert got[k].dtype == sliced[k].dtype and mx.array_equal(got[k], sliced[k]), k
