@@ -1,11 +1,12 @@
 """Speculative decoding on real ranks (ring backend on 127.0.0.1): a mixed batch with drafts
-gives exactly the tokens of `--speculative off` — 1 rank, tensor ×2 and pipeline ×2 — greedy and
-seeded, with logprobs, penalties, a logit bias, a grammar, a forced tool call, n = 2, a stop
-string and max_tokens reached mid-draft; and the drafts are really checked (accepted counts in
-every `done`)."""
+gives exactly the tokens of `--speculative off` — 1 rank, tensor ×2, tensor ×3 (uneven shares)
+and pipeline ×2 — greedy and seeded, with logprobs, penalties, a logit bias, a grammar, a forced
+tool call, n = 2, a stop string and max_tokens reached mid-draft; and the drafts are really
+checked (accepted counts in every `done`)."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 
 import pytest
 from serving import batch_reference, logit_gap, serving
+
+from cluster.load import tensor_share
 
 PROMPT = [5, 17, 42, 8, 99, 3, 61, 27, 11, 12, 13, 40, 41, 7]
 MAX_TOKENS = 24
@@ -77,11 +80,17 @@ def _corrupt(tokens: list[int], seed: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize(("n", "strategy"), [(1, "tensor"), (2, "tensor"), (2, "pipeline")])
+@pytest.mark.parametrize(
+    ("n", "strategy"), [(1, "tensor"), (2, "tensor"), (3, "tensor"), (2, "pipeline")]
+)
 def test_drafts_change_nothing_but_the_steps(
     tiny: Callable[[str], Path], n: int, strategy: str
 ) -> None:
     model = tiny("llama")
+    if n == 3:  # 8 heads / 4 KV heads do not divide by 3: the ranks' shares really differ
+        cfg = json.loads((model / "config.json").read_text())
+        heads = [tensor_share(cfg, r, n, None)[0].n_heads for r in range(n)]
+        assert sum(heads) == 8 and len(set(heads)) > 1, heads
     from mlx_lm import load
 
     _, tokenizer = load(str(model))

@@ -1,7 +1,8 @@
 """Uneven tensor-parallel shares on real ranks (ring backend, 127.0.0.1) equal one plain mlx-lm
-process: rank counts that do not divide the heads or widths, quantized widths in whole groups,
-the mixture-of-experts families, a plan's unequal shares given in the job, the real SmolLM2
-(9 heads / 3 KV heads) over 2 ranks, and a share that does not fit the model refused at load."""
+process: rank counts that do not divide the heads or widths, quantized widths in whole groups
+(4- and 8-bit, groups of 32 and 64, dense, MoE and MLA), the mixture-of-experts families, a
+plan's unequal shares given in the job, the real SmolLM2 (9 heads / 3 KV heads) over 2 ranks,
+and a share that does not fit the model refused at load."""
 
 from __future__ import annotations
 
@@ -65,6 +66,50 @@ MODELS: dict[str, dict[str, Any]] = {
         "moe_intermediate": 192,
         "quantize_bits": 8,
         "group_size": 64,
+    },
+    # the other bits/group pairings: 4-bit groups of 64 (an MLP of 5 groups: 2 + 2 + 1) and
+    # 8-bit groups of 32 (7 groups: 3 + 2 + 2), dense and a qwen3_moe whose experts are 5
+    # groups of 64; and a quantized MLA model (deepseek_v3: 32-column heads, 8-bit groups of 32;
+    # at 4 bits its ranks differ from one process by 1.4e-4, over the bound but no more than
+    # that one process's own float32 error against float64, so 8 bits it is)
+    "qwen3_q4_g64": {
+        "family": "qwen3",
+        "layers": 3,
+        "hidden": 256,
+        "heads": 4,
+        "kv_heads": 2,
+        "intermediate": 320,
+        "quantize_bits": 4,
+        "group_size": 64,
+    },
+    "qwen3_q8_g32": {
+        "family": "qwen3",
+        "layers": 3,
+        "hidden": 128,
+        "heads": 4,
+        "kv_heads": 2,
+        "intermediate": 224,
+        "quantize_bits": 8,
+        "group_size": 32,
+    },
+    "qwen3_moe_q4_g64": {
+        "family": "qwen3_moe",
+        "layers": 3,
+        "hidden": 256,
+        "heads": 4,
+        "kv_heads": 2,
+        "moe_intermediate": 320,
+        "quantize_bits": 4,
+        "group_size": 64,
+    },
+    "deepseek_v3_q8": {
+        "family": "deepseek_v3",
+        "layers": 3,
+        "hidden": 128,
+        "heads": 4,
+        "moe_intermediate": 160,
+        "quantize_bits": 8,
+        "group_size": 32,
     },
     # the mixture-of-experts families at their default shapes (4 heads, experts 64 wide)
     **{f: {"family": f, "layers": 3} for f in ("qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss")},
@@ -173,6 +218,10 @@ def sizes(share: RankShare) -> tuple[int, ...]:
         ("qwen3_q4_mlp7", 3),
         ("qwen3_q8_g64", 3),
         ("glm4_moe_q8", 3),
+        ("qwen3_q4_g64", 3),
+        ("qwen3_q8_g32", 3),
+        ("qwen3_moe_q4_g64", 3),
+        ("deepseek_v3_q8", 3),
         ("qwen3_moe", 3),
         ("deepseek_v3", 3),
         ("glm4_moe", 3),
@@ -188,8 +237,17 @@ def test_uneven_shares_match_single_process(
     shares = [tensor_share(cfg, r, n, None)[0] for r in range(n)]
     check_tiles(shares, cfg)
     assert len({sizes(s) for s in shares}) > 1, [s.to_json() for s in shares]  # really uneven
-    if name == "qwen3_q4_mlp7":  # whole groups of 32: 3 + 2 + 2
-        assert [s.width("mlp") for s in shares] == [96, 64, 64]
+    # quantized widths are cut in whole groups, the first ranks taking the spare ones
+    whole_groups = {
+        "qwen3_q4_mlp7": ("mlp", [96, 64, 64]),
+        "qwen3_q8_g32": ("mlp", [96, 64, 64]),
+        "qwen3_q4_g64": ("mlp", [128, 128, 64]),
+        "qwen3_moe_q4_g64": ("expert", [128, 128, 64]),
+        "deepseek_v3_q8": ("expert", [64, 64, 32]),
+    }
+    if name in whole_groups:
+        width, want = whole_groups[name]
+        assert [s.width(width) for s in shares] == want
     jobs = ring_jobs(
         n, path, "tensor", prompt=PROMPT, max_tokens=MAX_TOKENS, options={"return_logits": STEPS}
     )

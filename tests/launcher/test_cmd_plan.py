@@ -181,6 +181,53 @@ def test_local_ranks_with_a_real_tiny_model(tiny: Path, tmp_path: Path) -> None:
     assert longer["predicted_decode_tok_s"] == plan["predicted_decode_tok_s"]
 
 
+def _tiny(tmp_path: Path, family: str, **shape: Any) -> Path:
+    from cluster.tiny_model import write_tiny_model
+
+    return write_tiny_model(tmp_path / family, family=family, **shape)
+
+
+def test_gpt_oss_is_refused_as_pipeline_stages(tmp_path: Path) -> None:
+    """mlx-lm has no pipeline() for gpt_oss: plan says so in one line, before any rank loads."""
+    model = _tiny(tmp_path, "gpt_oss", layers=2)
+    why = "neither mlx-lm nor mlx-cluster runs gpt_oss as pipeline stages"
+    out = run("--local", "2", "--model", model, "--strategy", "pipeline", "--json")
+    assert out.returncode == 1, out.stderr
+    assert out.stderr == ""
+    plan = as_json(out)
+    assert plan["ranks"] == [] and plan["reason"] == f"no valid plan: {why}"
+    assert [(p["code"], p["message"]) for p in plan["problems"]] == [("pipeline_unsupported", why)]
+    text = run("--local", "2", "--model", model, "--strategy", "pipeline")
+    assert text.returncode == 1 and text.stderr == ""
+    assert f"Why: no valid plan: {why}\n" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("family", "width", "fix"),
+    [
+        # 2 groups of 32 columns split over 2; gpt_oss cannot pipeline, so no pipeline hint
+        ("gpt_oss", 64, "Use at most 2 hosts for tensor parallel."),
+        ("qwen3_moe", 64, "Use at most 2 hosts for tensor parallel, or `--strategy pipeline`."),
+        # one group: no split at all, and no pipeline either
+        ("gpt_oss", 32, "Run it on one host: tensor parallel cannot split it over 2 ranks."),
+    ],
+    ids=["gpt_oss", "qwen3_moe", "gpt_oss_one_group"],
+)
+def test_width_that_cannot_split_names_the_most_ranks_that_can(
+    tmp_path: Path, family: str, width: int, fix: str
+) -> None:
+    model = _tiny(tmp_path, family, layers=4, hidden=128, moe_intermediate=width, quantize_bits=4)
+    out = run("--local", "3", "--model", model, "--strategy", "tensor", "--json")
+    assert out.returncode == 1, out.stderr
+    [problem] = [p for p in as_json(out)["problems"] if p["code"] == "tp_cannot_split"]
+    assert problem["severity"] == "error"
+    assert problem["message"] == (
+        f"tensor parallel over 3 ranks needs expert width {width} in at least 3 pieces of 32 "
+        "columns"
+    )
+    assert problem["fix"] == fix
+
+
 def _cache(hf_home: Path, repo: str, files: dict[str, Path]) -> None:
     """Lay files out the way huggingface_hub's cache does (refs/main -> snapshots/<commit>)."""
     root = hf_home / "hub" / f"models--{repo.replace('/', '--')}"

@@ -83,6 +83,20 @@ def test_local_2_gives_the_single_rank_tokens(
     assert all(0 < b < 1 << 40 for b in two["peak_memory_bytes"]), two["peak_memory_bytes"]
 
 
+def test_tiny_qwen3_moe_over_3_uneven_ranks_gives_the_single_rank_text(tmp_path: Path) -> None:
+    """A mixture-of-experts family from `tiny-model`, its 4 heads and 64-wide experts split 3
+    ways by `launch` alone: the same greedy text as one process."""
+    model = tmp_path / "qwen3_moe"
+    made = cli("tiny-model", str(model), "--family", "qwen3_moe", "--layers", "2")
+    assert made.returncode == 0, made.stderr
+    one = launch_json(model, "--local", "1", max_tokens=8)
+    three = launch_json(model, "--local", "3", "--strategy", "tensor", max_tokens=8)
+    assert (three["strategy"], three["ranks"]) == ("tensor", 3)
+    assert len(one["tokens"]) == 8
+    assert three["tokens"] == one["tokens"]
+    assert three["text"] == one["text"]
+
+
 def test_plan_dir_from_the_plan_command(
     tiny_model: Path, single: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -24,7 +24,13 @@ from topology.planning.predict import (
     tensor_seconds,
     tok_s,
 )
-from topology.planning.tensor_costs import RankCost, balanced_layout, rank_costs
+from topology.planning.tensor_costs import (
+    RankCost,
+    balanced_layout,
+    rank_costs,
+    tensor_layout,
+    widths_for,
+)
 from topology.planning.tensor_shares import TensorLayout
 
 
@@ -74,10 +80,31 @@ def _listing(counts: Sequence[int]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def _cannot_split(spec: ModelSpec, n: int, what: str, hosts: tuple[str, ...]) -> Problem:
-    fix = "Use `--strategy pipeline`."
-    if spec.heads < n:
-        fix = f"Use at most {spec.heads} hosts for tensor parallel, or `--strategy pipeline`."
+def _largest_split(spec: ModelSpec, n: int, context: int) -> int:
+    """The most ranks below n that tensor parallel can split this model over (equal shares,
+    the planner's own rule); 1 when none can."""
+    unit = spec.group_size if spec.bits < 16 and spec.group_size else 1
+    # no count above the heads or any width's whole groups can split: skip those tilings
+    top = min(n - 1, spec.heads, *(w // unit for w in widths_for(spec).values()))
+    for k in range(top, 1, -1):
+        if not isinstance(tensor_layout(spec, [1.0] * k, context), str):
+            return k
+    return 1
+
+
+def _cannot_split(
+    spec: ModelSpec, n: int, what: str, hosts: tuple[str, ...], context: int
+) -> Problem:
+    # pipeline is only worth naming where pipeline over these n ranks could run at all
+    pipeline = not spec.pipeline_refused and spec.layers >= n
+    largest = _largest_split(spec, n, context)
+    if largest > 1:
+        fix = f"Use at most {largest} hosts for tensor parallel"
+        fix += ", or `--strategy pipeline`." if pipeline else "."
+    elif pipeline:
+        fix = "Use `--strategy pipeline`."
+    else:
+        fix = "Run it on one host: tensor parallel cannot split it over 2 ranks."
     return Problem(
         "tp_cannot_split", "error", hosts, f"tensor parallel over {n} ranks needs {what}", fix
     )
@@ -174,7 +201,7 @@ def tensor_option(
     usable = [s.usable_bytes for s in slots]
     lay = balanced_layout(spec, bandwidths, usable, context, _needed)
     if isinstance(lay, str):
-        problem = _cannot_split(spec, n, lay, hosts)
+        problem = _cannot_split(spec, n, lay, hosts, context)
         return Option("tensor", (), None, None, (problem,), f"tensor over {n} would need {lay}")
     costs = rank_costs(spec, lay, context)
     loads = tuple(tensor_loads(costs, spec.layers))
