@@ -64,11 +64,15 @@ class Step:
     # The prefix cache's bound from now on, in tokens (None: unchanged): it shrinks to lend its
     # share to running sequences, and every rank evicts the same entries here.
     cache_tokens: int | None = None
+    # Drafted tokens a checking forward reads per sequence from now on (None: unchanged; 0:
+    # plain steps): rank 0 chooses it from measured step costs (speculative/check_width.py).
+    draft_width: int | None = None
 
     def encode(self) -> bytes:
         raw: dict[str, Any] = {k: v for k, v in asdict(self).items() if v}
-        if self.cache_tokens is not None:
-            raw["cache_tokens"] = self.cache_tokens  # 0 too
+        for name in ("cache_tokens", "draft_width"):
+            if getattr(self, name) is not None:
+                raw[name] = getattr(self, name)  # 0 too
         return json.dumps(raw, separators=(",", ":")).encode()
 
     @classmethod
@@ -80,6 +84,7 @@ class Step:
             add=[Admit.from_json(a) for a in raw.get("add", [])],
             remove=[int(u) for u in raw.get("remove", [])],
             cache_tokens=None if raw.get("cache_tokens") is None else int(raw["cache_tokens"]),
+            draft_width=None if raw.get("draft_width") is None else int(raw["draft_width"]),
         )
 
 

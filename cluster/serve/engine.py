@@ -16,8 +16,10 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from cluster.serve.control import Step
 from cluster.serve.prefix_cache import PrefixCache
 from cluster.serve.sampling import Fault, guarded, request_processors, request_sampler
+from cluster.speculative.check_width import StepCosts, choose_width
+from cluster.speculative.draft_length import FIRST_DRAFT
 from cluster.speculative.drafts import DraftCounts, Drafts
-from cluster.speculative.verify import install
+from cluster.speculative.verify import DraftingBatch, install
 
 # The longest prompt chunk of a step; every step message sets the chunk (Step.chunk) below it.
 MAX_CHUNK = 2048
@@ -26,6 +28,10 @@ WARM_UP_TOKENS = 32
 # while it decodes; shorter ones only when they finish (an early copy costs more than it saves).
 SHARED_PROMPT_TOKENS = 256
 PREFILL_BATCH = 8  # prompts prefilled together (mlx-lm's server default --prompt-concurrency)
+# Plain decode steps before a width chosen 0 is tried at FIRST_DRAFT once (acceptance is only
+# learnt by checking drafts); doubles while probes do not pay, up to MAX_PROBE_EVERY.
+PROBE_EVERY = 16
+MAX_PROBE_EVERY = 256
 
 
 class Engine:
@@ -52,6 +58,12 @@ class Engine:
         # Drafts are checked in the batch when every layer's cache can rewind row by row (off:
         # mlx-lm's own generation batch, untouched).
         self.drafts: Drafts | None = install(self.gen, drafts) if speculative else None
+        batch = self.gen._generation_batch if self.drafts is not None else None
+        self._batch = batch if isinstance(batch, DraftingBatch) else None
+        self.costs = StepCosts()  # this rank's decode steps; rank 0's choose the width
+        self.width: int | None = None  # the width the step messages set (None: the bound)
+        self._since_check = 0  # plain decode steps since the last checking forward
+        self._probe_every = PROBE_EVERY
         self._draft_counts: dict[int, DraftCounts] = {}  # uids that finished this step
         self.active: set[int] = set()  # uids inserted and not yet finished or removed
         self.faults: dict[int, Fault] = {}  # uid -> what its sampler/processors raised
@@ -85,6 +97,8 @@ class Engine:
                     self.drafts.forget(uid)
         if step.chunk:
             self.gen.prefill_step_size = min(step.chunk, MAX_CHUNK)
+        if step.draft_width is not None and self._batch is not None:
+            self.width = self._batch.width = step.draft_width
         uids: list[int | str] = []
         for a in step.add:
             fault = Fault()
@@ -147,6 +161,36 @@ class Engine:
                 if counts is not None:
                     self._draft_counts[r.uid] = counts
         return prompt_responses, responses
+
+    def measured(self, seconds: float) -> None:
+        """The wall time of a step that only decoded, on this rank."""
+        if self._batch is None or not self._batch.positions:
+            return
+        self.costs.record(self._batch.positions, seconds)
+        self._since_check = 0 if self._batch.checked else self._since_check + 1
+
+    def check_width(self) -> int | None:
+        """Rank 0: the draft width for the next steps, the one with the most tokens per second
+        by the measured step costs and the running sequences' prospects; None while the costs
+        are not measured yet (the bound applies) or nothing can draft."""
+        fit = self.costs.fit()
+        if self.drafts is None or self._batch is None or fit is None:
+            return None
+        prospects = [p for uid in self._batch.uids if (p := self.drafts.prospect(uid))]
+        if not prospects:
+            return None
+        width = choose_width(fit, prospects, len(self._batch.uids))
+        if width > 0:
+            self._probe_every = PROBE_EVERY
+        elif self._since_check >= self._probe_every and any(p.limit for p in prospects):
+            # a rate learnt long ago says little now: check a short draft once
+            width, self._since_check = FIRST_DRAFT, 0
+            self._probe_every = min(2 * self._probe_every, MAX_PROBE_EVERY)
+        return width
+
+    def step_cost(self) -> tuple[float, float] | None:
+        """The fitted step cost: (fixed seconds, seconds per position read)."""
+        return self.costs.fit()
 
     def draft_counts(self, uid: int) -> DraftCounts | None:
         """A sequence's draft counts while it runs, or in the step it finished."""

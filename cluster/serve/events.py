@@ -31,14 +31,27 @@ class LauncherEvents:
             self._emit("batch", events=out)
 
     def stats(
-        self, running: int, queued: int, batch: int, cache: PrefixCache, kv_reserved: int = 0
+        self,
+        running: int,
+        queued: int,
+        batch: int,
+        cache: PrefixCache,
+        kv_reserved: int = 0,
+        drafting: tuple[int | None, tuple[float, float] | None] | None = None,
     ) -> None:
         """A `stats` event at most every STATS_EVERY_S; `kv_reserved`: the KV positions the
-        memory budget holds for the running sequences."""
+        memory budget holds for the running sequences; `drafting`: the draft width in use (None:
+        the bound, costs not measured yet) and the fitted step cost (fixed s, s per position)."""
         now = time.monotonic()
         if now - self._last_stats < STATS_EVERY_S:
             return
         self._last_stats = now
+        extra: dict[str, Any] = {}
+        if drafting is not None:
+            width, cost = drafting
+            extra["draft_width"] = width
+            if cost is not None:
+                extra["step_cost_fixed_s"], extra["step_cost_per_position_s"] = cost
         self.emit(
             "stats",
             running=running,
@@ -51,4 +64,5 @@ class LauncherEvents:
             prefix_cache_lookups=cache.lookups,
             prefix_cache_limit_tokens=cache.limit,
             kv_reserved_tokens=kv_reserved,
+            **extra,
         )

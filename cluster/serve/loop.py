@@ -123,6 +123,7 @@ def serve(
             took = time.monotonic() - started
             if responses and not prompt_responses:  # decoding steps only, as rank 0's step lines
                 step_times.record(took)
+                engine.measured(took)
             if scheduler is not None:
                 scheduler.observe(prompt_responses, responses, took, faults)
                 scheduler.flush()

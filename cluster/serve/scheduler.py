@@ -33,7 +33,13 @@ TICK_S = 1.0  # an idle rank 0 shares a no-op this often: every rank keeps repor
 class DraftSource(Protocol):
     """The engine's side of drafting, as rank 0's scheduler reads it."""
 
+    width: int | None  # the draft width the last step message set (None: the bound)
+
     def draft_counts(self, uid: int) -> DraftCounts | None: ...
+
+    def check_width(self) -> int | None: ...
+
+    def step_cost(self) -> tuple[float, float] | None: ...
 
 
 @dataclass
@@ -91,7 +97,18 @@ class Scheduler:
         chunk = self.pacing.chunk(joining, prefilling)
         bound = None if self.cache.limit == self._cache_sent else self.cache.limit
         self._cache_sent = self.cache.limit
-        step = Step(steps=steps, chunk=chunk, add=add, remove=leaving, cache_tokens=bound)
+        width = None
+        if self.drafts is not None and steps:
+            width = self.drafts.check_width()
+            width = None if width == self.drafts.width else width  # unchanged: not resent
+        step = Step(
+            steps=steps,
+            chunk=chunk,
+            add=add,
+            remove=leaving,
+            cache_tokens=bound,
+            draft_width=width,
+        )
         return step.encode()
 
     def _prefilling(self) -> int:
@@ -204,8 +221,11 @@ class Scheduler:
     def stats(self, batch: int) -> None:
         """A `stats` event at most every STATS_EVERY_S (the launcher's /metrics)."""
         reserved = batch_tokens(c.worst for c in self.running.values())
+        drafting = None
+        if self.drafts is not None:
+            drafting = (self.drafts.width, self.drafts.step_cost())
         self.events.stats(
-            len(self.running), len(self.admission.waiting), batch, self.cache, reserved
+            len(self.running), len(self.admission.waiting), batch, self.cache, reserved, drafting
         )
 
     def flush(self) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from cluster.speculative.check_width import Prospect
 from cluster.speculative.draft_length import DraftLength
 from cluster.speculative.draft_model import ModelDrafter
 from cluster.speculative.lookup import Prediction, PromptLookup
+
+FOUND_WEIGHT = 0.25  # of the newest step in a sequence's running share of steps with a draft
 
 
 @dataclass
@@ -30,6 +33,10 @@ class _Sequence:
     counts: DraftCounts = field(default_factory=DraftCounts)
     answer_seen: int = 0  # answer tokens (the pending one included) given to the prediction
     from_prediction: bool = False  # where the draft being checked came from
+    found: float = 1.0  # running share of the steps it was asked and had a draft (hopeful start)
+
+    def asked(self, had_draft: bool) -> None:
+        self.found = (1 - FOUND_WEIGHT) * self.found + FOUND_WEIGHT * had_draft
 
 
 # Rank 0's drafts of a step on every rank (None from the others): set with a draft model,
@@ -74,7 +81,10 @@ class Drafts:
         s = self._running.get(uid)
         if s is None or not s.length.ready():
             return False
-        return self.model_drafts or s.prediction is not None or s.lookup.may_match(history)
+        if self.model_drafts or s.prediction is not None or s.lookup.may_match(history):
+            return True
+        s.asked(False)
+        return False
 
     def propose(self, uid: int, history: list[int], pending: int) -> list[int]:
         """The draft to check after `pending` (the token fed next), given the tokens fed so far."""
@@ -90,7 +100,17 @@ class Drafts:
             draft = s.lookup.propose(history, pending, limit)
         if not draft and self.drafter is not None:
             draft = self.drafter.propose(uid, history, pending, limit)
+        s.asked(bool(draft))
         return draft
+
+    def prospect(self, uid: int) -> Prospect | None:
+        """What the sequence's drafts are worth now (check_width.py); None when it is not
+        decoding."""
+        s = self._running.get(uid)
+        if s is None:
+            return None
+        limit = 0 if s.length.paused > 0 else s.length.limit
+        return Prospect(rate=s.length.rate, limit=limit, found=s.found)
 
     def record(self, uid: int, drafted: int, accepted: int) -> None:
         s = self._running.get(uid)

@@ -21,11 +21,10 @@ from mlx_lm.models.cache import make_prompt_cache
 from cluster.speculative.drafts import Drafts
 from cluster.speculative.rewind import RowOrder, ordered_rows, rewind_rows, rewindable
 
-# Positions one checking forward reads at most, over the whole batch: alone a sequence checks up
-# to 8 drafted tokens, 4 sequences up to 3 each, 8 up to 1. Every row pays for the longest draft,
-# and a wide forward of many rows is compute-bound on a CPU: 8 clients of the real model on 2
-# cores ran at 1.26x/1.52x of plain decoding with this bound, 1.03x/1.11x with 32 and 0.83x/1.01x
-# with 72 (README, Benchmarks). A Mac's memory-bound forward affords more; this is the safe side.
+# Until the step costs are measured (check_width.py), a checking forward reads at most this
+# many positions over the whole batch: alone a sequence checks up to 8 drafted tokens, 4
+# sequences up to 3 each, 8 up to 1. 8 clients of the real model on 2 cores ran at 1.26x/1.52x
+# of plain decoding with this bound, 1.03x/1.11x with 32 (README, Benchmarks).
 CHECK_POSITIONS = 16
 
 
@@ -35,6 +34,9 @@ class DraftingBatch(GenerationBatch):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.order = RowOrder()
+        self.width: int | None = None  # drafted tokens a forward checks (None: CHECK_POSITIONS)
+        self.positions = 0  # what the last step's forward read: rows x (width + 1)
+        self.checked = False  # whether it checked drafts
 
     def extend(self, batch: GenerationBatch) -> None:
         start = len(self.uids)
@@ -52,10 +54,13 @@ class DraftingBatch(GenerationBatch):
 
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:
+            self.positions, self.checked = 0, False
             return []
         drafts = self._propose()
         if drafts is None:
+            self.positions, self.checked = len(self.uids), False
             return super().next()
+        self.positions, self.checked = len(self.uids) * (max(len(d) for d in drafts) + 1), True
         return self._check(drafts)
 
     def _propose(self) -> list[list[int]] | None:
@@ -63,7 +68,9 @@ class DraftingBatch(GenerationBatch):
         in flight, and mlx-lm's own step keeps computing one step ahead."""
         if self.drafts is None or not rewindable(self.prompt_cache):
             return None
-        width = CHECK_POSITIONS // len(self.uids) - 1  # every row pays for the longest draft
+        width = self.width
+        if width is None:  # every row pays for the longest draft
+            width = CHECK_POSITIONS // len(self.uids) - 1
         if width < 1:
             return None
         wanting = [self.drafts.wants(uid, self.tokens[i]) for i, uid in enumerate(self.uids)]

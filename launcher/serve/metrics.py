@@ -83,6 +83,21 @@ class ServeMetrics:
         self.draft_checks = Counter(
             PREFIX + "draft_checks", "Forwards that checked a sequence's draft", registry=r
         )
+        # The draft width rank 0 chose from its measured step costs (-1: not measured yet, the
+        # fixed bound applies) and that cost model: seconds = fixed + per position x positions.
+        self.draft_width = Gauge(
+            PREFIX + "draft_width", "Drafted tokens a checking forward reads per sequence",
+            registry=r,
+        )  # fmt: skip
+        self.draft_width.set(-1)
+        self.step_cost_fixed = Gauge(
+            PREFIX + "step_cost_fixed_seconds", "Measured step cost: its fixed part", registry=r
+        )
+        self.step_cost_per_position = Gauge(
+            PREFIX + "step_cost_per_position_seconds",
+            "Measured step cost: seconds per position a forward reads (rows x (width + 1))",
+            registry=r,
+        )  # fmt: skip
         self.ttft = Histogram(
             PREFIX + "time_to_first_token_seconds", "Submit to first generated text",
             buckets=TTFT_BUCKETS, registry=r,
@@ -224,6 +239,16 @@ class ServeMetrics:
         self.cache_bytes.set(_int(event, "prefix_cache_bytes"))
         self.cache_tokens.set(_int(event, "prefix_cache_tokens"))
         self.kv_reserved.set(_int(event, "kv_reserved_tokens"))
+        if "draft_width" in event:
+            width = event["draft_width"]
+            self.draft_width.set(width if isinstance(width, int) else -1)
+        for gauge, key in (
+            (self.step_cost_fixed, "step_cost_fixed_s"),
+            (self.step_cost_per_position, "step_cost_per_position_s"),
+        ):
+            value = event.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                gauge.set(value)
         hits, lookups = _int(event, "prefix_cache_hits"), _int(event, "prefix_cache_lookups")
         self.cache_ratio.set(hits / lookups if lookups else 0.0)
         with self._lock:  # a total below the last one: new ranks, counting from 0 again
@@ -240,6 +265,7 @@ class ServeMetrics:
         self.cache_ratio.set(0)
         self.kv_reserved.set(0)
         self.step.set(0)
+        self.draft_width.set(-1)  # the next ranks measure their own costs
         for per_rank in (self.peak_memory, self.active_memory, self.cache_memory, self.rank_step):
             per_rank.clear()  # the next plan's ranks may be fewer
         with self._lock:

@@ -1,7 +1,9 @@
 """The prompts: *edit* asks for a Python function back with one parameter renamed (300–800
 tokens of code to copy, taken from this Python's own standard library, so every machine has the
-same ones), *chat* asks open questions with nothing to copy, *mixed* sends both at once from 8
-clients, and *prediction* is *edit* with the original code as the request's `prediction`."""
+same ones), *chat* asks open questions with nothing to copy (*chatN*: N clients at once), *mixed*
+sends both at once from 8 clients, and *prediction* is *edit* with the original code as the
+request's `prediction`. `fresh=True` takes other modules and questions, written for reporting
+after the defaults were tuned on the first set."""
 
 from __future__ import annotations
 
@@ -23,7 +25,29 @@ QUESTIONS = (
     "What makes a good friend? Give a few examples.",
     "How do bees make honey, and why do they need so much of it?",
 )
+# Not looked at while tuning (issue 30): the figures README reports come from these.
+FRESH_MODULES = ("csv.py", "pprint.py", "tokenize.py", "gettext.py", "zipfile/__init__.py",
+                 "netrc.py", "ftplib.py", "mailbox.py", "tabnanny.py", "optparse.py")  # fmt: skip
+FRESH_QUESTIONS = (
+    "Tell me about the history of the bicycle and how it changed cities.",
+    "How would you plan a vegetable garden on a small balcony?",
+    "Explain what a volcano is and why some of them erupt.",
+    "Write a letter from a cat to its owner about the new sofa.",
+    "What should I pack for a week of hiking in the mountains in autumn?",
+    "Why is the sky blue during the day and red at sunset?",
+    "Describe a busy morning market in a coastal town.",
+    "How do airplanes stay in the air? Keep it simple.",
+    "Give me ideas for a birthday party for a seven-year-old who loves dinosaurs.",
+    "What are the pros and cons of working from home?",
+    "Invent a recipe for a soup using only autumn vegetables.",
+    "Explain how a library decides which books to buy.",
+    "Write a short poem about a train crossing a snowy plain.",
+    "How can a beginner start running without getting injured?",
+    "What did people eat on long sea voyages three hundred years ago?",
+    "Describe how a honeybee colony chooses a new home.",
+)
 CHAT_MAX_TOKENS = 200
+CHAT_CLIENTS = (4, 8, 16)  # the chatN workloads
 
 
 @dataclass(frozen=True)
@@ -34,11 +58,17 @@ class Request:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def functions(tokenizer: Any, count: int, low: int = 300, high: int = 800) -> list[str]:
+def functions(
+    tokenizer: Any,
+    count: int,
+    low: int = 300,
+    high: int = 800,
+    modules: tuple[str, ...] = MODULES,
+) -> list[str]:
     """`count` standard-library functions of low..high tokens, in a fixed order."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     found: list[str] = []
-    for name in MODULES:
+    for name in modules:
         source = (stdlib / name).read_text()
         for node in ast.parse(source).body:
             if isinstance(node, ast.FunctionDef) and node.args.args:
@@ -67,18 +97,22 @@ def edit(code: str, tokenizer: Any, prediction: bool) -> Request:
     )
 
 
-def chat(i: int) -> Request:
-    question = QUESTIONS[i % len(QUESTIONS)]
+def chat(i: int, questions: tuple[str, ...] = QUESTIONS) -> Request:
+    question = questions[i % len(questions)]
     return Request("chat", [{"role": "user", "content": question}], CHAT_MAX_TOKENS)
 
 
-def workloads(tokenizer: Any, prompts: int) -> dict[str, list[list[Request]]]:
+def workloads(tokenizer: Any, prompts: int, fresh: bool = False) -> dict[str, list[list[Request]]]:
     """Per workload, its rounds: each round is the requests sent at once (one per client)."""
-    codes = functions(tokenizer, max(prompts, 4))
+    questions = FRESH_QUESTIONS if fresh else QUESTIONS
+    codes = functions(tokenizer, max(prompts, 4), modules=FRESH_MODULES if fresh else MODULES)
     edits = [edit(c, tokenizer, False) for c in codes]
-    return {
+    out = {
         "edit": [[r] for r in edits[:prompts]],
-        "chat": [[chat(i)] for i in range(prompts)],
-        "mixed": [edits[:4] + [chat(i) for i in range(4)]],
+        "chat": [[chat(i, questions)] for i in range(prompts)],
+        "mixed": [edits[:4] + [chat(i, questions) for i in range(4)]],
         "prediction": [[edit(c, tokenizer, True)] for c in codes[:prompts]],
     }
+    for n in CHAT_CLIENTS:
+        out[f"chat{n}"] = [[chat(i, questions) for i in range(n)]]
+    return out

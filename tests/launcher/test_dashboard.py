@@ -248,6 +248,19 @@ def test_counters_and_charts_move_while_requests_run(page: Any, server: Server) 
     assert ("off by over 25 %" in shown) == (abs(error) > 0.25)
     for chart in ("requests running / queued", "tokens/s prompt / generation"):
         assert _chart_rose(page, chart), f"{chart}: every point on the baseline"
+    # The draft width rank 0 chose from the step costs it measured, and that cost model: the
+    # batch sizes of 1-3 clients alone give the fit its points. The page shows /metrics' own.
+    wait_for("a step cost", lambda: "ms/position" in text(page, "fig-step-cost"), 15)
+    width = _metric(server, "mlx_cluster_draft_width")
+    assert width >= 0, "the costs were measured, so rank 0 chose a width"
+    wait_for(
+        "the page's width = /metrics'",
+        lambda: text(page, "fig-draft-width").split()[0] == f"{width:.0f}",
+        10,
+    )
+    fixed = _metric(server, "mlx_cluster_step_cost_fixed_seconds")
+    per_position = _metric(server, "mlx_cluster_step_cost_per_position_seconds")
+    assert 0 < fixed + per_position < 10
     # The step chart: the batch's p50 and one line per rank, each rank's own step time.
     steps = page.find_element("css selector", '[data-chart^="step time"]')
     assert " r0 " in f" {steps.text} " and " r1 " in f" {steps.text} ", steps.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,15 +108,7 @@ def test_metrics_count_drafts(servers: tuple[Server, Server]) -> None:
     on, _ = servers
     text, _ = _chat(on)
     _chat(on, prediction={"type": "content", "content": text})
-    conn = http.client.HTTPConnection("127.0.0.1", on.port, timeout=30)
-    conn.request("GET", "/metrics")
-    scraped = conn.getresponse().read().decode()
-    conn.close()
-    values = {
-        line.split()[0]: float(line.split()[1])
-        for line in scraped.splitlines()
-        if line.startswith("mlx_cluster_") and " " in line
-    }
+    values = _metrics(on)
     assert values["mlx_cluster_drafted_tokens_total"] > 0
     assert (
         0
@@ -123,3 +116,55 @@ def test_metrics_count_drafts(servers: tuple[Server, Server]) -> None:
         <= values["mlx_cluster_drafted_tokens_total"]
     )
     assert values["mlx_cluster_draft_checks_total"] > 0
+
+
+def _metrics(s: Server) -> dict[str, float]:
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+    conn.request("GET", "/metrics")
+    scraped = conn.getresponse().read().decode()
+    conn.close()
+    return {
+        line.split()[0]: float(line.split()[1])
+        for line in scraped.splitlines()
+        if line.startswith("mlx_cluster_") and " " in line
+    }
+
+
+def test_with_nothing_to_copy_answers_are_offs_and_the_width_is_measured(
+    servers: tuple[Server, Server],
+) -> None:
+    """8 clients sampling at a high temperature, nothing to copy: seeded answers are exactly
+    --speculative off's, hardly a forward checks a draft, and /metrics shows the draft width rank
+    0 chose from the step costs it measured (tests/cluster/test_check_width.py drives the engine
+    with drafts that never hold down to width 0)."""
+    on, off = servers
+    before = _metrics(on)
+    prompt = "one two three four five six " * 12
+
+    def run(s: Server) -> list[str]:
+        texts = [""] * 8
+
+        def one(i: int) -> None:
+            out = s.client().completions.create(
+                model="m", prompt=prompt, max_tokens=80, temperature=1.5, seed=i
+            )
+            texts[i] = out.choices[0].text
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        return texts
+
+    assert run(on) == run(off)
+    after = _metrics(on)
+    generated = after["mlx_cluster_generated_tokens_total"] - before.get(
+        "mlx_cluster_generated_tokens_total", 0.0
+    )
+    checks = after["mlx_cluster_draft_checks_total"] - before["mlx_cluster_draft_checks_total"]
+    assert generated >= 8 * 40
+    assert after["mlx_cluster_draft_width"] >= 0  # chosen from measured costs, not the bound
+    # a check counts once per sequence whose draft it read: 8 rows x 80 tokens of plain steps
+    # would be 640 such chances
+    assert checks <= 0.1 * generated, (checks, generated)

@@ -39,6 +39,12 @@ def _get(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((PREFIX + name, tuple(sorted(labels.items()))), 0.0)
 
 
+def _width(samples: Samples) -> int | None:
+    """The draft width in use (None: not measured yet, the fixed bound applies)."""
+    width = samples.get((PREFIX + "draft_width", ()), -1.0)
+    return int(width) if width >= 0 else None
+
+
 def _plan(target: LaunchTarget) -> dict[str, Any]:
     """Which rank holds what where, and each host's memory; never ssh details."""
     plan, n = target.plan, len(target.plan.ranks)
@@ -170,6 +176,9 @@ class DashboardState:
             "speculative": {
                 "acceptance": acceptance,
                 "tokens_per_check": (accepted + checks) / checks if checks else None,
+                "width": _width(s),
+                "step_cost_fixed_s": _get(s, "step_cost_fixed_seconds"),
+                "step_cost_per_position_s": _get(s, "step_cost_per_position_seconds"),
             },
             "tok_s": {
                 "measured": rates["generation_tps"], "per_sequence": per_sequence,

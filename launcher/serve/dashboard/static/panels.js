@@ -58,6 +58,14 @@ const MLXPanels = (() => {
       el("div", { class: "label" }, label));
   }
 
+  // The measured step-cost model rank 0 chooses the draft width from: fixed + per position.
+  function stepCost(sp) {
+    if (!sp.step_cost_fixed_s && !sp.step_cost_per_position_s) return "–";
+    const f = (sp.step_cost_fixed_s * 1000).toFixed(1);
+    const p = (sp.step_cost_per_position_s * 1000).toFixed(2);
+    return `${f} ms + ${p} ms/position`;
+  }
+
   function serving(figRoot, chartRoot, rankRoot, s) {
     const t = s.totals;
     figRoot.replaceChildren(
@@ -69,6 +77,9 @@ const MLXPanels = (() => {
       figure("ITL p50 / p99", `${ms(s.itl_s.p50)} / ${ms(s.itl_s.p99)}`, "fig-itl"),
       figure("prefix-cache hits", pct(s.prefix_cache.hit_ratio), "fig-cache"),
       figure("drafts accepted", pct(s.speculative.acceptance), "fig-acceptance"),
+      figure("draft width", s.speculative.width === null ? "bound" : num(s.speculative.width, 0),
+        "fig-draft-width"),
+      figure("step cost", stepCost(s.speculative), "fig-step-cost"),
       figure("requests answered", num(t.requests, 0), "fig-requests"),
       figure("tokens generated", num(t.generated_tokens, 0), "fig-generated"),
       figure("failovers", num(t.failovers, 0), "fig-failovers"),

@@ -1,0 +1,166 @@
+"""The draft width chosen from step costs and acceptance (cluster/speculative/check_width.py), on
+recorded figures, and the width's trip in the step message."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cluster.serve.control import Step
+from cluster.speculative.check_width import (
+    Prospect,
+    StepCosts,
+    choose_width,
+    expected_accepted,
+)
+
+# Step times recorded here (OpenBLAS, 2 cores) for the real SmolLM2 float32 on one rank, by the
+# positions a forward read (rows x (width + 1)): a CPU's forward is compute-bound and grows with
+# every position. And a Mac-like forward (memory-bound: reading the weights dominates).
+CPU = (0.0105, 0.0012)  # (fixed s, s per position)
+MAC = (0.030, 0.00004)
+
+
+def test_the_fit_recovers_a_line_from_noisy_steps() -> None:
+    rng = random.Random(7)
+    costs = StepCosts()
+    for _ in range(200):
+        positions = rng.choice([1, 3, 8, 9, 16])
+        costs.record(positions, (0.02 + 0.003 * positions) * rng.uniform(0.95, 1.05))
+    fit = costs.fit()
+    assert fit is not None
+    assert fit[0] == pytest.approx(0.02, rel=0.15) and fit[1] == pytest.approx(0.003, rel=0.1)
+
+
+def test_no_fit_until_two_position_counts_are_measured_enough() -> None:
+    costs = StepCosts()
+    for _ in range(10):
+        costs.record(8, 0.05)
+    costs.record(16, 0.09)
+    assert costs.fit() is None  # one step at 16 positions says little
+    costs.record(16, 0.09)
+    costs.record(16, 0.09)
+    fit = costs.fit()
+    assert fit is not None and fit[1] == pytest.approx(0.005)
+
+
+def test_a_forward_never_gets_cheaper_with_width() -> None:
+    costs = StepCosts()
+    for _ in range(5):
+        costs.record(1, 0.030)
+        costs.record(2, 0.029)  # noise
+    fit = costs.fit()
+    assert fit == (pytest.approx(0.0295), 0.0)
+
+
+def test_nothing_to_copy_means_plain_steps() -> None:
+    nothing = [Prospect(rate=0.0, limit=8, found=0.0)] * 8
+    assert choose_width(CPU, nothing, rows=8) == 0
+    assert choose_width(MAC, nothing, rows=8) == 0
+    paused = [Prospect(rate=0.9, limit=0, found=1.0)]  # a paused sequence drafts nothing
+    assert choose_width(MAC, paused, rows=1) == 0
+
+
+def test_a_memory_bound_forward_checks_long_drafts_that_hold() -> None:
+    holding = [Prospect(rate=0.9, limit=8, found=1.0)]
+    assert choose_width(MAC, holding, rows=1) == 8
+    assert choose_width(MAC, holding * 8, rows=8) == 8
+
+
+def test_a_compute_bound_batch_checks_less_as_rows_grow() -> None:
+    """On the CPU every position costs: one sequence with good drafts checks several tokens, a
+    batch of 8 with middling drafts checks none (the fixed bound of 16 positions checked one
+    each: 1.5x a plain step's time for 1.2x its tokens)."""
+    good = Prospect(rate=0.8, limit=8, found=1.0)
+    middling = Prospect(rate=0.4, limit=8, found=0.5)
+    alone = choose_width(CPU, [good], rows=1)
+    assert alone >= 3
+    assert choose_width(CPU, [middling] * 8, rows=8) == 0
+    assert 0 < choose_width(CPU, [good] * 8, rows=8) < alone
+
+
+def test_the_chosen_width_is_the_best_of_all() -> None:
+    """Brute force over every width on random prospects and costs: nothing beats the choice."""
+    rng = random.Random(3)
+    for _ in range(300):
+        cost = (rng.uniform(0.001, 0.05), rng.uniform(0.0, 0.004))
+        rows = rng.randint(1, 16)
+        ps = [Prospect(rng.random(), rng.randint(0, 8), rng.random()) for _ in range(rows)]
+        best = choose_width(cost, ps, rows)
+
+        rates = [
+            (rows + sum(expected_accepted(p, w) for p in ps)) / (cost[0] + cost[1] * rows * (w + 1))
+            for w in range(9)
+        ]
+        assert all(rates[best] >= r * (1 - 1e-9) for r in rates)
+
+
+def test_expected_accepted_counts_only_unbroken_runs() -> None:
+    p = Prospect(rate=0.5, limit=3, found=1.0)
+    assert expected_accepted(p, 8) == pytest.approx(0.5 + 0.25 + 0.125)  # limit 3
+    assert expected_accepted(Prospect(0.5, 8, 0.5), 1) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("width", [None, 0, 5])
+def test_the_width_travels_in_the_step_message(width: int | None) -> None:
+    step = Step(steps=4, draft_width=width)
+    assert Step.decode(step.encode()) == step
+
+
+def test_drafts_that_never_hold_soon_stop_costing(
+    tiny: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch engine on a real model, driven as the serve loop drives it, where every
+    sequence always has a draft and the draft is always wrong: the measured costs and the
+    sequences' acceptance choose width 0 (plain steps) within a few leases, and afterwards only
+    rare probes check anything. The tokens are those of plain steps throughout."""
+    from mlx_lm import load
+    from mlx_lm.generate import generation_stream
+
+    from cluster.serve.control import Admit
+    from cluster.serve.engine import Engine
+    from cluster.speculative.lookup import PromptLookup
+
+    model, tokenizer = load(str(tiny("llama")))
+    prompts = [[5, 17, 42, 8, 99, 3], [11, 12, 13], [40, 41, 7, 9, 30], [70, 2, 8]]
+
+    def decode(speculative: bool) -> tuple[list[list[int]], list[bool], int | None]:
+        engine = Engine(model, tokenizer, generation_stream, 8, 0, speculative)
+        adds = [Admit(ids=p, max_tokens=160) for p in prompts]
+        uids = engine.apply(Step(steps=4, add=adds))
+        out: dict[int | str, list[int]] = {u: [] for u in uids}
+        checked: list[bool] = []
+        while not engine.idle:
+            width = engine.check_width()  # what rank 0's scheduler sends at each decision
+            if width is not None and width != engine.width:
+                engine.apply(Step(steps=4, draft_width=width))
+            for _ in range(4):  # a lease
+                started = time.monotonic()
+                prompt_responses, responses = engine.next()
+                if responses and not prompt_responses:
+                    engine.measured(time.monotonic() - started)
+                    batch = engine._batch
+                    checked.append(bool(batch is not None and batch.checked))
+                for r in responses:
+                    out[r.uid].append(r.token)
+                if engine.idle:
+                    break
+        return [out[u] for u in uids], checked, engine.width
+
+    plain, _, _ = decode(False)
+    monkeypatch.setattr(PromptLookup, "may_match", lambda self, history: True)
+    monkeypatch.setattr(
+        PromptLookup,
+        "propose",
+        lambda self, history, pending, limit: [(pending + 1) % 1000] * limit,
+    )
+    drafted, checked, width = decode(True)
+    assert drafted == plain
+    assert width == 0, "the costs were measured: the width is chosen, and it is 0"
+    early, late = checked[: len(checked) // 4], checked[len(checked) // 4 :]
+    assert any(early), "the drafts were checked at first"
+    assert sum(late) <= 6, f"{sum(late)} checking forwards of {len(late)} steps"
