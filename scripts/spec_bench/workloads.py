@@ -26,7 +26,7 @@ QUESTIONS = (
     "How do bees make honey, and why do they need so much of it?",
 )
 # Not looked at while tuning (issue 30): the figures README reports come from these.
-FRESH_MODULES = ("csv.py", "pprint.py", "tokenize.py", "gettext.py", "zipfile/__init__.py",
+FRESH_MODULES = ("csv.py", "pprint.py", "tokenize.py", "gettext.py", "zipfile.py",
                  "netrc.py", "ftplib.py", "mailbox.py", "tabnanny.py", "optparse.py")  # fmt: skip
 FRESH_QUESTIONS = (
     "Tell me about the history of the bicycle and how it changed cities.",
