@@ -11,12 +11,15 @@ from typing import Any
 import pytest
 from paths import FIXTURES
 
-from topology.chips import GIB
+from topology.chips import DECODE_BANDWIDTH_EFFICIENCY, GIB
 from topology.facts import HostFacts
 from topology.host_rates import HostRates, parse_rates, weight_kind
 from topology.model.spec import ModelSpec, spec_from_config
+from topology.planning.options import share_weights
+from topology.planning.placement import Slot
 from topology.planning.plan import plan_local
 from topology.planning.predict import RankRate, busy_s
+from topology.planning.tensor_costs import balanced_layout
 
 # A 2-core Linux box as `python -m cluster.microbench` recorded it (OpenBLAS): bandwidth-bound
 # copies at 10 GB/s, float32 matmuls at 4 GFLOP/s for one row and 40 for a 512-row chunk.
@@ -234,3 +237,24 @@ def test_more_local_ranks_than_cores_is_said() -> None:
     assert any("3 ranks share 2 cores" in a for a in three.assumptions)
     two = plan_local(host, 2, small_spec(), strategy="pipeline")
     assert not any("share 2 cores" in a for a in two.assumptions)
+
+
+def test_tensor_shares_follow_measured_compute_where_it_binds() -> None:
+    """Two CPU nodes of equal bandwidth, one with half the other's measured compute: a decoding
+    token's weights stream at its compute rate there, so it holds about half the share. A Mac
+    whose GPU outruns its memory keeps the share its bandwidth gives; unmeasured: bandwidth."""
+    spec = small_spec()
+    fast = HostRates(10.0, {"float32": {1: 8.0, 512: 40.0}}, "cpu")
+    slow = dataclasses.replace(fast, matmul_gflops={"float32": {1: 4.0, 512: 20.0}})
+    a = Slot("a", "a", None, None, 100.0, rates=fast)
+    weights = share_weights(spec, [a, dataclasses.replace(a, host="b", rates=slow)])
+    assert weights[0] == pytest.approx(2 * weights[1])
+    # GFLOP/s x 4 bytes a weight / 2 FLOPs, as the bandwidth busy_s would turn into that time
+    assert weights[0] == pytest.approx(8.0 * 4 / 2 / DECODE_BANDWIDTH_EFFICIENCY)
+    lay = balanced_layout(spec, weights, [None, None], 2048, lambda c: 0)
+    assert not isinstance(lay, str)
+    widths = [share.width("mlp") for share in lay.shares]
+    assert widths[0] == pytest.approx(2 * widths[1], rel=0.1), widths
+    mac = Slot("m", "m", None, None, 819.0, rates=HostRates(700.0, {"float32": {1: 1e5}}))
+    bare = dataclasses.replace(mac, rates=None)
+    assert share_weights(spec, [mac, bare]) == [819.0, 819.0]

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from topology.chips import GIB, BackendCost, max_wired_bytes
+from topology.chips import DECODE_BANDWIDTH_EFFICIENCY, GIB, BackendCost, max_wired_bytes
 from topology.facts import Problem
 from topology.host_rates import weight_kind
 from topology.model.spec import ModelSpec
@@ -69,6 +69,21 @@ def rank_rates(spec: ModelSpec, slots: Sequence[Slot], rows: int = 1) -> list[Ra
         RankRate(s.gflops(kind, rows), memory=s.rates is None or s.rates.device != "cpu")
         for s in slots
     ]
+
+
+def share_weights(spec: ModelSpec, slots: Sequence[Slot]) -> list[float]:
+    """What each tensor rank's share is sized by, in GB/s of memory bandwidth: its own, or less
+    where its measured compute binds (a CPU node): the bandwidth at which reading a decoding
+    token's weights would take as long as computing them (2 FLOPs a weight a row)."""
+    per_flop = spec.param_bytes(spec.bits) * spec.scale / 2
+    out = []
+    for slot, rate in zip(slots, rank_rates(spec, slots), strict=True):
+        weight = slot.bandwidth_gbs
+        if rate.gflops:
+            computes = rate.gflops * per_flop / DECODE_BANDWIDTH_EFFICIENCY  # as busy_s counts
+            weight = min(weight, computes) if rate.memory else computes
+        out.append(weight)
+    return out
 
 
 def _hosts(slots: Sequence[Slot]) -> tuple[str, ...]:
@@ -199,7 +214,7 @@ def tensor_option(
     bandwidths = [s.bandwidth_gbs for s in slots]
     # --local N: slots of one machine share its memory; shares of it are equal anyway
     usable = [s.usable_bytes for s in slots]
-    lay = balanced_layout(spec, bandwidths, usable, context, _needed)
+    lay = balanced_layout(spec, share_weights(spec, slots), usable, context, _needed)
     if isinstance(lay, str):
         problem = _cannot_split(spec, n, lay, hosts, context)
         return Option("tensor", (), None, None, (problem,), f"tensor over {n} would need {lay}")

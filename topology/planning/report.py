@@ -84,7 +84,8 @@ def plan_text(plan: Plan) -> str:
         lines += ["", *_table(rows)]
         if shares:
             lines.append(
-                "  (shares follow each host's memory bandwidth; step: the rank's own time a token)"
+                "  (shares follow each host's memory bandwidth, or its measured compute where that"
+                " binds; step: the rank's own time a token)"
             )
         if plan.strategy == "pipeline":
             lines.append("  (rank 0 runs the last layers, as mlx-lm's pipeline orders them)")
