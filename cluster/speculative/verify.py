@@ -64,8 +64,9 @@ class DraftingBatch(GenerationBatch):
         return self._check(drafts)
 
     def _propose(self) -> list[list[int]] | None:
-        """Every sequence's draft, or None when none drafts: then nothing waited for the step
-        in flight, and mlx-lm's own step keeps computing one step ahead."""
+        """Every sequence's draft, or None when none drafts: then mlx-lm's own step keeps
+        computing one step ahead (having waited for the step in flight if a sequence could draft
+        and found nothing: measured here at 2-3 ms of a 90 ms step of 8 rows)."""
         if self.drafts is None or not rewindable(self.prompt_cache):
             return None
         width = self.width
