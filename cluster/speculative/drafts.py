@@ -11,6 +11,9 @@ from cluster.speculative.draft_model import ModelDrafter
 from cluster.speculative.lookup import Prediction, PromptLookup
 
 FOUND_WEIGHT = 0.25  # of the newest step in a sequence's running share of steps with a draft
+# What a new sequence is assumed to be worth until it drafts: what finished ones were lately
+# (this weight per finished sequence), hopeful before any finished (every step has a draft).
+PRIOR_WEIGHT = 0.5
 
 
 @dataclass
@@ -61,6 +64,8 @@ class Drafts:
         self._running: dict[int, _Sequence] = {}
         self.drafter, self.exchange = drafter, exchange
         self.model_drafts = exchange is not None  # the same on every rank, drafter or not
+        self._prior_found = 1.0
+        self._prior_rate: float | None = None  # None: as DraftLength starts
 
     def expect(self, uid: int, prediction: Sequence[int] | None) -> None:
         self._waiting[uid] = prediction
@@ -74,6 +79,7 @@ class Drafts:
             lookup=PromptLookup(),
             prediction=Prediction(prediction) if prediction else None,
             prompt_len=len(tokens),
+            found=self._prior_found,
         )
 
     def wants(self, uid: int, history: list[int]) -> bool:
@@ -110,7 +116,10 @@ class Drafts:
         if s is None:
             return None
         limit = 0 if s.length.paused > 0 else s.length.limit
-        return Prospect(rate=s.length.rate, limit=limit, found=s.found)
+        rate = s.length.rate
+        if not s.counts.drafted and self._prior_rate is not None:
+            rate = self._prior_rate  # nothing checked yet: as the sequences before it did
+        return Prospect(rate=rate, limit=limit, found=s.found)
 
     def record(self, uid: int, drafted: int, accepted: int) -> None:
         s = self._running.get(uid)
@@ -128,7 +137,14 @@ class Drafts:
         if self.drafter is not None:
             self.drafter.forget(uid)
         s = self._running.pop(uid, None)
-        return None if s is None else s.counts
+        if s is None:
+            return None
+        self._prior_found += PRIOR_WEIGHT * (s.found - self._prior_found)
+        if s.counts.drafted:
+            rate = s.counts.accepted / s.counts.drafted
+            prior = rate if self._prior_rate is None else self._prior_rate
+            self._prior_rate = prior + PRIOR_WEIGHT * (rate - prior)
+        return s.counts
 
     def counts(self, uid: int) -> DraftCounts | None:
         s = self._running.get(uid)

@@ -164,3 +164,22 @@ def test_drafts_that_never_hold_soon_stop_costing(
     early, late = checked[: len(checked) // 4], checked[len(checked) // 4 :]
     assert any(early), "the drafts were checked at first"
     assert sum(late) <= 6, f"{sum(late)} checking forwards of {len(late)} steps"
+
+
+def test_a_new_sequence_starts_from_what_finished_ones_were_worth() -> None:
+    """Nothing to copy in the last requests: the next one is not assumed to draft well (the
+    hopeful start made every new chat of a 16-client run check drafts for nothing)."""
+    from cluster.speculative.drafts import Drafts
+
+    drafts = Drafts()
+    drafts.expect(1, None)
+    drafts.join(1, [1, 2, 3])
+    first = drafts.prospect(1)
+    assert first is not None and first.found == 1.0
+    for step in range(12):  # asked every step, never a draft
+        drafts.wants(1, [1, 2, 3, *range(100, 101 + step)])
+    drafts.forget(1)
+    drafts.expect(2, None)
+    drafts.join(2, [4, 5, 6])
+    second = drafts.prospect(2)
+    assert second is not None and second.found < 0.6
