@@ -16,7 +16,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from cluster.serve.control import Step
 from cluster.serve.prefix_cache import PrefixCache
 from cluster.serve.sampling import Fault, guarded, request_processors, request_sampler
-from cluster.speculative.check_width import StepCosts, choose_width
+from cluster.speculative.check_width import StepCost, StepCosts, choose_width
 from cluster.speculative.draft_length import FIRST_DRAFT
 from cluster.speculative.drafts import DraftCounts, Drafts
 from cluster.speculative.verify import DraftingBatch, install
@@ -166,7 +166,7 @@ class Engine:
         """The wall time of a step that only decoded, on this rank."""
         if self._batch is None or not self._batch.positions:
             return
-        self.costs.record(self._batch.positions, seconds)
+        self.costs.record(self._batch.positions, seconds, self._batch.checked)
         self._since_check = 0 if self._batch.checked else self._since_check + 1
 
     def check_width(self) -> int | None:
@@ -188,8 +188,8 @@ class Engine:
             self._probe_every = min(2 * self._probe_every, MAX_PROBE_EVERY)
         return width
 
-    def step_cost(self) -> tuple[float, float] | None:
-        """The fitted step cost: (fixed seconds, seconds per position read)."""
+    def step_cost(self) -> StepCost | None:
+        """The fitted step cost (check_width.py)."""
         return self.costs.fit()
 
     def draft_counts(self, uid: int) -> DraftCounts | None:

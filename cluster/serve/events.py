@@ -8,6 +8,7 @@ from typing import Any
 
 from cluster.generate import Emit
 from cluster.serve.prefix_cache import PrefixCache
+from cluster.speculative.check_width import StepCost
 
 STATS_EVERY_S = 1.0
 
@@ -37,11 +38,11 @@ class LauncherEvents:
         batch: int,
         cache: PrefixCache,
         kv_reserved: int = 0,
-        drafting: tuple[int | None, tuple[float, float] | None] | None = None,
+        drafting: tuple[int | None, StepCost | None] | None = None,
     ) -> None:
         """A `stats` event at most every STATS_EVERY_S; `kv_reserved`: the KV positions the
         memory budget holds for the running sequences; `drafting`: the draft width in use (None:
-        the bound, costs not measured yet) and the fitted step cost (fixed s, s per position)."""
+        the bound, costs not measured yet) and the fitted step cost."""
         now = time.monotonic()
         if now - self._last_stats < STATS_EVERY_S:
             return
@@ -51,7 +52,9 @@ class LauncherEvents:
             width, cost = drafting
             extra["draft_width"] = width
             if cost is not None:
-                extra["step_cost_fixed_s"], extra["step_cost_per_position_s"] = cost
+                extra["step_cost_fixed_s"] = cost.fixed_s
+                extra["step_cost_per_position_s"] = cost.per_position_s
+                extra["step_cost_check_s"] = cost.check_s
         self.emit(
             "stats",
             running=running,

@@ -25,6 +25,7 @@ from cluster.serve.output import ChoiceOutput
 from cluster.serve.pacing import Pacing
 from cluster.serve.prefix_cache import PrefixCache
 from cluster.serve.requests import Cancel, Limits, Request
+from cluster.speculative.check_width import StepCost
 from cluster.speculative.drafts import DraftCounts
 
 TICK_S = 1.0  # an idle rank 0 shares a no-op this often: every rank keeps reporting progress
@@ -39,7 +40,7 @@ class DraftSource(Protocol):
 
     def check_width(self) -> int | None: ...
 
-    def step_cost(self) -> tuple[float, float] | None: ...
+    def step_cost(self) -> StepCost | None: ...
 
 
 @dataclass

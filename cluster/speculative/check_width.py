@@ -4,8 +4,9 @@ calibration) and what each sequence's drafts have recently been worth.
 
 Every row of a checking forward pays for the longest draft, so the choice is one width for the
 batch: each sequence drafts up to it (and up to its own limit, draft_length.py). A step of `rows`
-rows at width W reads rows × (W + 1) positions and costs `cost(rows × (W + 1))`; it emits one
-token per row plus the drafted tokens accepted. Width 0 is the plain step. Rank 0 chooses, and
+rows at width W reads rows × (W + 1) positions and costs fixed + per position × positions, plus
+what checking itself costs (the step in flight waited for); it emits one token per row plus the
+drafted tokens accepted. Width 0 is the plain step. Rank 0 chooses, and
 the step message carries the width (serve/control.py), so every rank drafts alike.
 """
 
@@ -21,39 +22,74 @@ MIN_STEPS = 3  # steps at a position count before its mean counts in the fit
 FIT_WEIGHT_CAP = 16  # a point's weight in the fit grows with its steps up to this
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """A decode step's time: fixed + per_position x positions read, plus check_s more when it
+    checks drafts (it waits for the step in flight and has none computing behind it)."""
+
+    fixed_s: float
+    per_position_s: float
+    check_s: float = 0.0
+
+    def seconds(self, positions: int, checks: bool) -> float:
+        return self.fixed_s + self.per_position_s * positions + (self.check_s if checks else 0.0)
+
+
 @dataclass
 class StepCosts:
-    """Decode steps' wall times by the positions their forward read (rows × (width + 1))."""
+    """Decode steps' wall times by the positions their forward read (rows × (width + 1)) and
+    whether they checked drafts."""
 
-    means: dict[int, float] = field(default_factory=dict)
-    steps: dict[int, int] = field(default_factory=dict)
+    means: dict[tuple[int, bool], float] = field(default_factory=dict)
+    steps: dict[tuple[int, bool], int] = field(default_factory=dict)
 
-    def record(self, positions: int, seconds: float) -> None:
+    def record(self, positions: int, seconds: float, checked: bool = False) -> None:
         if positions <= 0 or seconds <= 0:
             return
-        n = self.steps.get(positions, 0)
-        mean = self.means.get(positions, seconds)
+        key = (positions, checked)
+        n = self.steps.get(key, 0)
+        mean = self.means.get(key, seconds)
         # The plain mean while a count is new, then a running one: the cost follows the load.
         w = max(WEIGHT, 1 / (n + 1))
-        self.means[positions] = (1 - w) * mean + w * seconds
-        self.steps[positions] = n + 1
+        self.means[key] = (1 - w) * mean + w * seconds
+        self.steps[key] = n + 1
 
-    def fit(self) -> tuple[float, float] | None:
-        """(fixed seconds, seconds per position) by weighted least squares over the position
-        counts measured MIN_STEPS times or more; None until two such counts exist."""
-        points = [(p, m, min(self.steps[p], FIT_WEIGHT_CAP)) for p, m in self.means.items()]
-        points = [pt for pt in points if self.steps[pt[0]] >= MIN_STEPS]
-        if len({p for p, _, _ in points}) < 2:
+    def fit(self) -> StepCost | None:
+        """Weighted least squares over the (positions, checked) kinds measured MIN_STEPS times
+        or more: one slope, an intercept for plain steps and one for checking steps; None until
+        two position counts are measured (no slope without them)."""
+        points = [
+            (p, checked, m, min(self.steps[(p, checked)], FIT_WEIGHT_CAP))
+            for (p, checked), m in self.means.items()
+            if self.steps[(p, checked)] >= MIN_STEPS
+        ]
+        if len({p for p, _, _, _ in points}) < 2:
             return None
-        total = sum(w for _, _, w in points)
-        mx = sum(w * p for p, _, w in points) / total
-        my = sum(w * m for _, m, w in points) / total
-        sxx = sum(w * (p - mx) ** 2 for p, _, w in points)
-        sxy = sum(w * (p - mx) * (m - my) for p, m, w in points)
+        groups = [[pt for pt in points if pt[1] is kind] for kind in (False, True)]
+        centre = [_means(g) for g in groups]  # (mean positions, mean seconds) of each kind
+        sxx = sxy = 0.0
+        for group, c in zip(groups, centre, strict=True):
+            for p, _, m, w in group:
+                assert c is not None
+                sxx += w * (p - c[0]) ** 2
+                sxy += w * (p - c[0]) * (m - c[1])
         # Noise can tilt two close points either way; a forward never gets cheaper with width.
-        slope = max(sxy / sxx, 0.0)
-        fixed = max(my - slope * mx, 0.0)
-        return fixed, slope
+        slope = max(sxy / sxx, 0.0) if sxx > 0 else 0.0
+        plain, checking = (None if c is None else c[1] - slope * c[0] for c in centre)
+        if plain is None:  # only checks measured: their intercept is all there is
+            return StepCost(max(checking or 0.0, 0.0), slope)
+        extra = 0.0 if checking is None else max(checking - plain, 0.0)
+        return StepCost(max(plain, 0.0), slope, extra)
+
+
+def _means(points: list[tuple[int, bool, float, int]]) -> tuple[float, float] | None:
+    total = sum(w for _, _, _, w in points)
+    if not total:
+        return None
+    return (
+        sum(w * p for p, _, _, w in points) / total,
+        sum(w * m for _, _, m, w in points) / total,
+    )
 
 
 @dataclass(frozen=True)
@@ -75,14 +111,20 @@ def expected_accepted(p: Prospect, width: int) -> float:
 
 
 def choose_width(
-    costs: tuple[float, float], prospects: Sequence[Prospect], rows: int, max_width: int = MAX_DRAFT
+    cost: StepCost, prospects: Sequence[Prospect], rows: int, max_width: int = MAX_DRAFT
 ) -> int:
-    """The width (0: plain steps) with the most tokens per second for the batch, given the fitted
-    (fixed, per-position) cost; ties go to the narrower."""
-    fixed, per_position = costs
-    best, best_rate = 0, 0.0
-    for width in range(0, max_width + 1):
-        seconds = fixed + per_position * rows * (width + 1)
+    """The width (0: plain steps) with the most expected tokens per second for the batch; ties
+    go to the narrower. At a width above 0 a step checks only when some sequence has a draft
+    (each has one with its share `found`); otherwise it is a plain step."""
+    drafting = 1.0
+    for p in prospects:
+        drafting *= 1 - (min(max(p.found, 0.0), 1.0) if p.limit else 0.0)
+    drafting = 1 - drafting  # some sequence has a draft
+    plain = cost.seconds(rows, False)
+    best, best_rate = 0, rows / max(plain, 1e-9)
+    for width in range(1, max_width + 1):
+        checking = cost.seconds(rows * (width + 1), True)
+        seconds = drafting * checking + (1 - drafting) * plain
         tokens = rows + sum(expected_accepted(p, width) for p in prospects)
         rate = tokens / max(seconds, 1e-9)
         if rate > best_rate * (1 + 1e-9):

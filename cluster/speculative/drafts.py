@@ -11,9 +11,11 @@ from cluster.speculative.draft_model import ModelDrafter
 from cluster.speculative.lookup import Prediction, PromptLookup
 
 FOUND_WEIGHT = 0.25  # of the newest step in a sequence's running share of steps with a draft
-# What a new sequence is assumed to be worth until it drafts: what finished ones were lately
-# (this weight per finished sequence), hopeful before any finished (every step has a draft).
+# What a new sequence is assumed to be worth until it drafts: what finished ones with the same
+# kind of source were lately (this weight per finished sequence); before any finished, hopeful:
+# every step has a draft, and a client's prediction is mostly right (it says it is the answer).
 PRIOR_WEIGHT = 0.5
+FIRST_PRIORS = {"lookup": (1.0, None), "prediction": (1.0, 0.8)}  # (found, acceptance)
 
 
 @dataclass
@@ -64,8 +66,8 @@ class Drafts:
         self._running: dict[int, _Sequence] = {}
         self.drafter, self.exchange = drafter, exchange
         self.model_drafts = exchange is not None  # the same on every rank, drafter or not
-        self._prior_found = 1.0
-        self._prior_rate: float | None = None  # None: as DraftLength starts
+        # source -> (found, acceptance; None: as DraftLength starts)
+        self._priors: dict[str, tuple[float, float | None]] = dict(FIRST_PRIORS)
 
     def expect(self, uid: int, prediction: Sequence[int] | None) -> None:
         self._waiting[uid] = prediction
@@ -74,12 +76,13 @@ class Drafts:
         """The sequence starts decoding after its prompt `tokens`."""
         if uid not in self._waiting:
             return
-        prediction = self._waiting.pop(uid)
+        given = self._waiting.pop(uid)
+        prediction = Prediction(given) if given else None
         self._running[uid] = _Sequence(
             lookup=PromptLookup(),
-            prediction=Prediction(prediction) if prediction else None,
+            prediction=prediction,
             prompt_len=len(tokens),
-            found=self._prior_found,
+            found=self._priors[_source(prediction)][0],
         )
 
     def wants(self, uid: int, history: list[int]) -> bool:
@@ -117,8 +120,9 @@ class Drafts:
             return None
         limit = 0 if s.length.paused > 0 else s.length.limit
         rate = s.length.rate
-        if not s.counts.drafted and self._prior_rate is not None:
-            rate = self._prior_rate  # nothing checked yet: as the sequences before it did
+        prior = self._priors[_source(s.prediction)][1]
+        if not s.counts.drafted and prior is not None:
+            rate = prior  # nothing checked yet: as the sequences before it did
         return Prospect(rate=rate, limit=limit, found=s.found)
 
     def record(self, uid: int, drafted: int, accepted: int) -> None:
@@ -139,13 +143,20 @@ class Drafts:
         s = self._running.pop(uid, None)
         if s is None:
             return None
-        self._prior_found += PRIOR_WEIGHT * (s.found - self._prior_found)
+        source = _source(s.prediction)
+        found, rate = self._priors[source]
+        found += PRIOR_WEIGHT * (s.found - found)
         if s.counts.drafted:
-            rate = s.counts.accepted / s.counts.drafted
-            prior = rate if self._prior_rate is None else self._prior_rate
-            self._prior_rate = prior + PRIOR_WEIGHT * (rate - prior)
+            kept = s.counts.accepted / s.counts.drafted
+            rate = kept if rate is None else rate + PRIOR_WEIGHT * (kept - rate)
+        self._priors[source] = (found, rate)
         return s.counts
 
     def counts(self, uid: int) -> DraftCounts | None:
         s = self._running.get(uid)
         return None if s is None else s.counts
+
+
+def _source(prediction: object) -> str:
+    """The kind of draft source a sequence has first: the client's prediction or lookup."""
+    return "lookup" if prediction is None else "prediction"

@@ -84,7 +84,7 @@ class ServeMetrics:
             PREFIX + "draft_checks", "Forwards that checked a sequence's draft", registry=r
         )
         # The draft width rank 0 chose from its measured step costs (-1: not measured yet, the
-        # fixed bound applies) and that cost model: seconds = fixed + per position x positions.
+        # fixed bound applies) and that cost model: fixed + per position x positions (+ check).
         self.draft_width = Gauge(
             PREFIX + "draft_width", "Drafted tokens a checking forward reads per sequence",
             registry=r,
@@ -97,6 +97,10 @@ class ServeMetrics:
             PREFIX + "step_cost_per_position_seconds",
             "Measured step cost: seconds per position a forward reads (rows x (width + 1))",
             registry=r,
+        )  # fmt: skip
+        self.step_cost_check = Gauge(
+            PREFIX + "step_cost_check_seconds",
+            "Measured step cost: what checking drafts adds to a step", registry=r,
         )  # fmt: skip
         self.ttft = Histogram(
             PREFIX + "time_to_first_token_seconds", "Submit to first generated text",
@@ -245,6 +249,7 @@ class ServeMetrics:
         for gauge, key in (
             (self.step_cost_fixed, "step_cost_fixed_s"),
             (self.step_cost_per_position, "step_cost_per_position_s"),
+            (self.step_cost_check, "step_cost_check_s"),
         ):
             value = event.get(key)
             if isinstance(value, int | float) and not isinstance(value, bool):

@@ -13,6 +13,7 @@ import pytest
 from cluster.serve.control import Step
 from cluster.speculative.check_width import (
     Prospect,
+    StepCost,
     StepCosts,
     choose_width,
     expected_accepted,
@@ -21,8 +22,8 @@ from cluster.speculative.check_width import (
 # A CPU's forward is compute-bound and grows with every position: the fit serve's rank 0 made
 # here (OpenBLAS, 2 cores) for the real SmolLM2 float32 on one rank, 1-client chats. And a
 # Mac-like forward (memory-bound: reading the weights dominates, a position costs little).
-CPU = (0.053, 0.017)  # (fixed s, s per position)
-MAC = (0.030, 0.00004)
+CPU = StepCost(0.053, 0.017, 0.004)
+MAC = StepCost(0.030, 0.00004, 0.001)
 
 
 def test_the_fit_recovers_a_line_from_noisy_steps() -> None:
@@ -32,8 +33,25 @@ def test_the_fit_recovers_a_line_from_noisy_steps() -> None:
         positions = rng.choice([1, 3, 8, 9, 16])
         costs.record(positions, (0.02 + 0.003 * positions) * rng.uniform(0.95, 1.05))
     fit = costs.fit()
+    assert fit is not None and fit.check_s == 0.0  # no check measured
+    assert fit.fixed_s == pytest.approx(0.02, rel=0.15)
+    assert fit.per_position_s == pytest.approx(0.003, rel=0.1)
+
+
+def test_what_a_check_adds_is_fitted_apart() -> None:
+    """Plain steps of one row only (one client) and checks of several widths: the slope comes
+    from the checks, the plain intercept from the plain steps, and checking's own cost apart."""
+    costs = StepCosts()
+    for _ in range(6):
+        costs.record(1, 0.060)
+        for positions in (3, 5, 9):
+            costs.record(positions, 0.056 + 0.004 * positions + 0.010, checked=True)
+    fit = costs.fit()
     assert fit is not None
-    assert fit[0] == pytest.approx(0.02, rel=0.15) and fit[1] == pytest.approx(0.003, rel=0.1)
+    assert fit.per_position_s == pytest.approx(0.004)
+    assert fit.fixed_s == pytest.approx(0.056)
+    assert fit.check_s == pytest.approx(0.010)
+    assert fit.seconds(1, False) == pytest.approx(0.060)
 
 
 def test_no_fit_until_two_position_counts_are_measured_enough() -> None:
@@ -45,7 +63,7 @@ def test_no_fit_until_two_position_counts_are_measured_enough() -> None:
     costs.record(16, 0.09)
     costs.record(16, 0.09)
     fit = costs.fit()
-    assert fit is not None and fit[1] == pytest.approx(0.005)
+    assert fit is not None and fit.per_position_s == pytest.approx(0.005)
 
 
 def test_a_forward_never_gets_cheaper_with_width() -> None:
@@ -54,7 +72,7 @@ def test_a_forward_never_gets_cheaper_with_width() -> None:
         costs.record(1, 0.030)
         costs.record(2, 0.029)  # noise
     fit = costs.fit()
-    assert fit == (pytest.approx(0.0295), 0.0)
+    assert fit == StepCost(pytest.approx(0.0295), 0.0)
 
 
 def test_nothing_to_copy_means_plain_steps() -> None:
@@ -87,14 +105,18 @@ def test_the_chosen_width_is_the_best_of_all() -> None:
     """Brute force over every width on random prospects and costs: nothing beats the choice."""
     rng = random.Random(3)
     for _ in range(300):
-        cost = (rng.uniform(0.001, 0.05), rng.uniform(0.0, 0.004))
+        cost = StepCost(rng.uniform(0.001, 0.05), rng.uniform(0.0, 0.004), rng.uniform(0, 0.01))
         rows = rng.randint(1, 16)
         ps = [Prospect(rng.random(), rng.randint(0, 8), rng.random()) for _ in range(rows)]
         best = choose_width(cost, ps, rows)
-
-        rates = [
-            (rows + sum(expected_accepted(p, w) for p in ps)) / (cost[0] + cost[1] * rows * (w + 1))
-            for w in range(9)
+        drafting = 1.0
+        for p in ps:
+            drafting *= 1 - (p.found if p.limit else 0.0)
+        plain = cost.seconds(rows, False)
+        rates = [rows / plain] + [
+            (rows + sum(expected_accepted(p, w) for p in ps))
+            / ((1 - drafting) * cost.seconds(rows * (w + 1), True) + drafting * plain)
+            for w in range(1, 9)
         ]
         assert all(rates[best] >= r * (1 - 1e-9) for r in rates)
 
@@ -183,3 +205,21 @@ def test_a_new_sequence_starts_from_what_finished_ones_were_worth() -> None:
     drafts.join(2, [4, 5, 6])
     second = drafts.prospect(2)
     assert second is not None and second.found < 0.6
+
+
+def test_a_prediction_is_not_judged_by_the_chats_before_it() -> None:
+    """Chats with nothing to copy lower what the next chat is assumed worth, not what a request
+    with a prediction (the client's claim of the answer) is: that has a prior of its own."""
+    from cluster.speculative.drafts import Drafts
+
+    drafts = Drafts()
+    for uid in range(3):
+        drafts.expect(uid, None)
+        drafts.join(uid, [1, 2, 3])
+        for step in range(12):
+            drafts.wants(uid, [1, 2, 3, *range(100, 101 + step)])
+        drafts.forget(uid)
+    drafts.expect(7, [5, 6, 7, 8])
+    drafts.join(7, [1, 2, 3])
+    predicted = drafts.prospect(7)
+    assert predicted is not None and predicted.found == 1.0 and predicted.rate >= 0.8

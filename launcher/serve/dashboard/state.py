@@ -179,6 +179,7 @@ class DashboardState:
                 "width": _width(s),
                 "step_cost_fixed_s": _get(s, "step_cost_fixed_seconds"),
                 "step_cost_per_position_s": _get(s, "step_cost_per_position_seconds"),
+                "step_cost_check_s": _get(s, "step_cost_check_seconds"),
             },
             "tok_s": {
                 "measured": rates["generation_tps"], "per_sequence": per_sequence,

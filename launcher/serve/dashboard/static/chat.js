@@ -53,6 +53,7 @@ const MLXChat = (() => {
             if (first === null) first = performance.now();
             answer += delta.content;
             out.text.textContent = answer;
+            out.box.dataset.pieces = String(Number(out.box.dataset.pieces || 0) + 1);
           }
           if (chunk.usage) tokens = chunk.usage.completion_tokens;
         }

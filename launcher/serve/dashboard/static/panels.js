@@ -63,7 +63,8 @@ const MLXPanels = (() => {
     if (!sp.step_cost_fixed_s && !sp.step_cost_per_position_s) return "–";
     const f = (sp.step_cost_fixed_s * 1000).toFixed(1);
     const p = (sp.step_cost_per_position_s * 1000).toFixed(2);
-    return `${f} ms + ${p} ms/position`;
+    const c = (sp.step_cost_check_s * 1000).toFixed(1);
+    return `${f} ms + ${p} ms/position (+${c} ms a check)`;
   }
 
   function serving(figRoot, chartRoot, rankRoot, s) {
