@@ -180,7 +180,9 @@ class Engine:
         if not prospects:
             return None
         width = choose_width(fit, prospects, len(self._batch.uids))
-        if width > 0:
+        if width < FIRST_DRAFT and any(p.fresh and p.limit for p in prospects):
+            width = FIRST_DRAFT  # a new sequence's worth is learnt by asking it a few times
+        elif width > 0:
             self._probe_every = PROBE_EVERY
         elif self._since_check >= self._probe_every and any(p.limit for p in prospects):
             # a rate learnt long ago says little now: check a short draft once

@@ -100,6 +100,7 @@ class Prospect:
     rate: float
     limit: int
     found: float
+    fresh: bool = False  # asked too few times yet for its own figures to say much
 
 
 def expected_accepted(p: Prospect, width: int) -> float:

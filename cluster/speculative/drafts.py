@@ -16,6 +16,9 @@ FOUND_WEIGHT = 0.25  # of the newest step in a sequence's running share of steps
 # every step has a draft, and a client's prediction is mostly right (it says it is the answer).
 PRIOR_WEIGHT = 0.5
 FIRST_PRIORS = {"lookup": (1.0, None), "prediction": (1.0, 0.8)}  # (found, acceptance)
+# A new sequence is asked for drafts this many times whatever the costs say: what it is worth
+# is learnt only by asking (an edit after chats copies a lot, though the chats found nothing).
+FRESH_ASKS = 4
 
 
 @dataclass
@@ -39,9 +42,11 @@ class _Sequence:
     answer_seen: int = 0  # answer tokens (the pending one included) given to the prediction
     from_prediction: bool = False  # where the draft being checked came from
     found: float = 1.0  # running share of the steps it was asked and had a draft (hopeful start)
+    asks: int = 0
 
     def asked(self, had_draft: bool) -> None:
         self.found = (1 - FOUND_WEIGHT) * self.found + FOUND_WEIGHT * had_draft
+        self.asks += 1
 
 
 # Rank 0's drafts of a step on every rank (None from the others): set with a draft model,
@@ -123,7 +128,7 @@ class Drafts:
         prior = self._priors[_source(s.prediction)][1]
         if not s.counts.drafted and prior is not None:
             rate = prior  # nothing checked yet: as the sequences before it did
-        return Prospect(rate=rate, limit=limit, found=s.found)
+        return Prospect(rate=rate, limit=limit, found=s.found, fresh=s.asks < FRESH_ASKS)
 
     def record(self, uid: int, drafted: int, accepted: int) -> None:
         s = self._running.get(uid)

@@ -223,3 +223,21 @@ def test_a_prediction_is_not_judged_by_the_chats_before_it() -> None:
     drafts.join(7, [1, 2, 3])
     predicted = drafts.prospect(7)
     assert predicted is not None and predicted.found == 1.0 and predicted.rate >= 0.8
+
+
+def test_a_new_sequence_is_asked_a_few_times_whatever_came_before() -> None:
+    """What the chats before it found says little about an edit: a new sequence stays `fresh`
+    (the engine then checks at least FIRST_DRAFT tokens) until it was asked FRESH_ASKS times."""
+    from cluster.speculative.drafts import FRESH_ASKS, Drafts
+
+    drafts = Drafts()
+    drafts.expect(1, None)
+    drafts.join(1, [1, 2, 3])
+    history = [1, 2, 3]
+    for step in range(FRESH_ASKS):
+        prospect = drafts.prospect(1)
+        assert prospect is not None and prospect.fresh, step
+        history.append(100 + step)
+        drafts.wants(1, history)
+    prospect = drafts.prospect(1)
+    assert prospect is not None and not prospect.fresh
