@@ -6,12 +6,13 @@ shares work. Layers that produce a slice ("all-to-sharded": q/k/v, gate/up) keep
 that consume one ("sharded-to-all": o, down) keep columns and all-sum their partial outputs. A
 bias of a summed layer stays on rank 0 only, so it is added once. Quantized columns are cut in
 whole groups. Every weight a share cuts (projections, experts, their scales, biases and sinks,
-MLA's per-head maps) is read from its file through SliceReader, only the share's bytes; MLX
-would read a lazily loaded tensor whole before slicing it. A tensor the files do not hold as
-loaded is still sliced from the lazy parameter, read whole: this is the case for weights that
-mlx-lm's sanitize() makes, e.g. MLA's embed_q / unembed_out in a Hugging Face DeepSeek-V3 /
-Kimi-K2 checkpoint, which holds kv_b_proj instead (the files mlx-lm writes hold embed_q and
-unembed_out themselves). Weights stay lazy here; load.py evaluates them layer by layer.
+MLA's per-head maps or DeepSeek V2's kv_b_proj) is read from its file through SliceReader, only
+the share's bytes; MLX would read a lazily loaded tensor whole before slicing it. A tensor the
+files do not hold as loaded is still sliced from the lazy parameter, read whole: this is the
+case for weights that mlx-lm's sanitize() makes, e.g. MLA's embed_q / unembed_out in a Hugging
+Face DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash checkpoint, which holds kv_b_proj instead (the files
+mlx-lm writes hold embed_q and unembed_out themselves). Weights stay lazy here; load.py
+evaluates them layer by layer.
 """
 
 from __future__ import annotations
@@ -81,7 +82,10 @@ def _attention(
     attn: nn.Module, share: RankShare, grid: HeadGrid, group: Any, rank: int, src: _Source
 ) -> None:
     heads = share.heads(grid)
-    if hasattr(attn, "embed_q"):  # MLA (DeepSeek V3 / Kimi K2): per-head latent maps
+    if hasattr(attn, "kv_b_proj"):  # MLA as DeepSeek V2 runs it: one up-projection
+        # kv_b_proj's rows are each head's key (nope part) then value rows, head after head
+        _rows(attn.kv_b_proj, _blocks(heads, _out_dims(attn.kv_b_proj) // grid.heads), src)
+    if hasattr(attn, "embed_q"):  # MLA (DeepSeek V3 / V3.2, Kimi K2, GLM-4.7-Flash): head maps
         # (heads, out, in) each: the share's heads along axis 0. A Hugging Face checkpoint holds
         # kv_b_proj instead, which sanitize() dequantizes, splits per head and (if it was
         # quantized) requantizes into these: the reader finds no such name and the heads are cut
@@ -91,6 +95,8 @@ def _attention(
             for name in ("weight", "scales", "biases"):
                 if name in part:
                     part[name] = src.rows(part, name, heads, axis=0)
+    if hasattr(attn, "kv_lora_rank"):  # MLA: one latent "KV head" every rank holds whole
+        # (as is DeepSeek V3.2's indexer, which picks the context from the whole queries' latent)
         q = attn.q_proj if attn.q_lora_rank is None else attn.q_b_proj
         _rows(q, _blocks(heads, _out_dims(q) // grid.heads), src)
         attn.num_heads = len(heads)

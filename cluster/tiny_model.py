@@ -1,8 +1,9 @@
 """A tiny random-weight model that mlx-lm loads like a real checkpoint, built offline.
 
-Dense families (llama, qwen2, qwen3) and mixture-of-experts ones (qwen3_moe, deepseek_v3 with
-MLA attention, glm4_moe, gpt_oss), each with config.json keyed as the family's Hugging Face
-checkpoints are and the parameter names mlx-lm's model class has (its sanitize() keeps them).
+Dense families (llama, qwen2, qwen3, ministral3) and mixture-of-experts ones (qwen3_moe,
+deepseek_v3, deepseek_v32, deepseek_v2 and glm4_moe_lite with MLA attention, glm4_moe, gpt_oss,
+exaone_moe), each with config.json keyed as the family's Hugging Face checkpoints are and the
+parameter names mlx-lm's model class has (its sanitize() keeps them).
 
 Weights are split one file per layer (plus one for embeddings/norm/head) with a
 model.safetensors.index.json, so pipeline ranks can be shown to read only their layers'
@@ -30,8 +31,11 @@ from mlx.utils import tree_flatten, tree_unflatten
 from cluster.model_folder import save_weights_by_layer, write_folder
 from topology.errors import InputError
 
-DENSE_FAMILIES = ("llama", "qwen2", "qwen3")
-MOE_FAMILIES = ("qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss")
+DENSE_FAMILIES = ("llama", "qwen2", "qwen3", "ministral3")
+MOE_FAMILIES = (
+    "qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss", "deepseek_v2", "glm4_moe_lite", "exaone_moe",
+    "deepseek_v32",
+)  # fmt: skip
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -41,13 +45,23 @@ ARCHITECTURES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "ministral3": "Ministral3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+    "exaone_moe": "ExaoneMoEForCausalLM",
+    "deepseek_v32": "DeepseekV32ForCausalLM",
 }
-_ROUTED = ("deepseek_v3", "glm4_moe")
+# DeepSeek-style experts: a gate over groups of experts, shared experts, the first layers dense
+_ROUTED = ("deepseek_v3", "glm4_moe", "deepseek_v2", "glm4_moe_lite", "exaone_moe", "deepseek_v32")
+_MLA = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "deepseek_v32")  # latent: no KV heads
+# DeepSeek-V3.2's indexer, which picks the context a token attends to: heads, their size (a
+# multiple of the rope part: 2x it) and how many tokens it keeps, few so that tests pass beyond
+INDEX_HEADS, INDEX_TOPK = 2, 16
 # The options only some families read, and those families: given to another one, an option is
 # refused rather than silently ignored.
 APPLIES: dict[str, tuple[str, ...]] = {
     "intermediate": tuple(f for f in FAMILIES if f != "gpt_oss"),  # gpt-oss has experts only
-    "head_dim": tuple(f for f in FAMILIES if f not in ("qwen2", "deepseek_v3")),
+    "head_dim": tuple(f for f in FAMILIES if f not in ("qwen2", *_MLA)),
     "experts": MOE_FAMILIES,
     "experts_per_token": MOE_FAMILIES,
     "moe_intermediate": MOE_FAMILIES,
@@ -56,14 +70,14 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "sparse_step": ("qwen3_moe",),
     "expert_groups": _ROUTED,
     "groups_per_token": _ROUTED,
-    "q_lora_rank": ("deepseek_v3",),
-    "kv_lora_rank": ("deepseek_v3",),
-    "qk_rope_dim": ("deepseek_v3",),
-    "qk_nope_dim": ("deepseek_v3",),
-    "v_head_dim": ("deepseek_v3",),
+    "q_lora_rank": _MLA,
+    "kv_lora_rank": _MLA,
+    "qk_rope_dim": _MLA,
+    "qk_nope_dim": _MLA,
+    "v_head_dim": _MLA,
     "rotary_fraction": ("glm4_moe",),
     "qk_norm": ("glm4_moe",),
-    "sliding_window": ("gpt_oss",),
+    "sliding_window": ("gpt_oss", "exaone_moe"),
 }
 POSITIVE_OPTIONS = (
     "intermediate", "head_dim", "experts", "experts_per_token", "moe_intermediate", "sparse_step",
@@ -158,7 +172,7 @@ class TinySpec:
     layers: int = 4
     hidden: int = 64
     heads: int = 4
-    kv_heads: int = 2  # deepseek_v3's attention (MLA) has none: it writes kv heads = heads
+    kv_heads: int = 2  # MLA (the DeepSeeks, glm4_moe_lite) has none: it writes kv heads = heads
     intermediate: int | None = None
     vocab: int = 384
     quantize_bits: int | None = None
@@ -186,7 +200,7 @@ class TinySpec:
         """The sizes to build, defaults filled in: small, and every feature of the family on."""
         head = self.hidden // self.heads
         mla = max(2, head // 2 * 2)  # DeepSeek's latent sizes scale with the head size
-        deepseek = self.family == "deepseek_v3"
+        deepseek = self.family in ("deepseek_v3", "deepseek_v2", "deepseek_v32")
         return Shape(
             head_dim=_given(self.head_dim, head),
             intermediate=_given(self.intermediate, 2 * self.hidden),
@@ -223,6 +237,10 @@ class TinySpec:
         self._check_heads(s)
         if self.family in MOE_FAMILIES:
             self._check_experts(s)
+        if self.family == "deepseek_v32" and not s.q_lora_rank:
+            raise InputError(  # its indexer reads the queries' low-rank projection
+                "--q-lora-rank must be at least 1 for deepseek_v32"
+            )
         if self.family == "deepseek_v3" and self.layers > DEEPSEEK_MAX_LAYERS:
             raise InputError(
                 f"--layers must be at most {DEEPSEEK_MAX_LAYERS} for deepseek_v3 (got "
@@ -258,7 +276,11 @@ class TinySpec:
             raise InputError(f"--rotary-fraction must be in (0, 1] (got {self.rotary_fraction})")
 
     def _check_heads(self, s: Shape) -> None:
-        if self.family == "deepseek_v3":  # MLA: its head sizes are its own options
+        if self.family == "deepseek_v2" and self.hidden % self.heads:
+            raise InputError(  # transformers' DeepseekV2Config refuses it (tokenizer loading)
+                f"--heads {self.heads} must divide --hidden {self.hidden} for deepseek_v2"
+            )
+        if self.family in _MLA:  # its head sizes are its own options
             if s.qk_rope_dim % 2:
                 raise InputError(
                     f"--qk-rope-dim {s.qk_rope_dim} must be even for rotary embeddings"
@@ -351,7 +373,7 @@ class TinySpec:
 
     def _attention_parameters(self, s: Shape) -> int:
         h, heads = self.hidden, self.heads
-        if self.family == "deepseek_v3":
+        if self.family in _MLA:  # DeepSeek V2's kv_b_proj holds as many as the latent maps
             q_head = s.qk_nope_dim + s.qk_rope_dim
             if s.q_lora_rank:
                 q = h * s.q_lora_rank + s.q_lora_rank + s.q_lora_rank * heads * q_head
@@ -359,11 +381,15 @@ class TinySpec:
                 q = h * heads * q_head
             kv = h * (s.kv_lora_rank + s.qk_rope_dim) + s.kv_lora_rank
             latent = heads * s.kv_lora_rank * (s.qk_nope_dim + s.v_head_dim)
+            if self.family == "deepseek_v32":  # the indexer: queries, key (+ LayerNorm), weights
+                d = 2 * s.qk_rope_dim
+                q += s.q_lora_rank * INDEX_HEADS * d + h * d + 2 * d + h * INDEX_HEADS
             return q + kv + latent + heads * s.v_head_dim * h
         q, kv = heads * s.head_dim, self.kv_heads * s.head_dim
         weights = 2 * h * q + 2 * h * kv
         biases = {"qwen2": q + 2 * kv, "glm4_moe": q + 2 * kv, "gpt_oss": q + 2 * kv + h}
-        qk_norm = self.family in ("qwen3", "qwen3_moe") or (self.family == "glm4_moe" and s.qk_norm)
+        qk_norm = self.family in ("qwen3", "qwen3_moe", "exaone_moe")
+        qk_norm = qk_norm or (self.family == "glm4_moe" and s.qk_norm)
         sinks = heads if self.family == "gpt_oss" else 0
         return weights + biases.get(self.family, 0) + 2 * s.head_dim * qk_norm + sinks
 
@@ -375,6 +401,8 @@ class TinySpec:
         if self.family == "gpt_oss":  # router and every expert projection have biases
             return h * e + e + experts + 2 * e * w + e * h
         shared = 3 * h * w * s.shared_experts
+        if self.family == "deepseek_v2":  # a softmax gate: no score correction bias
+            return e * h + experts + shared
         return e * h + e + experts + shared  # gate weight, its score correction bias
 
 
@@ -541,10 +569,15 @@ def _model_config(spec: TinySpec, vocab_size: int, eos: int) -> dict[str, object
         "deepseek_v3": _deepseek_v3,
         "glm4_moe": _glm4_moe,
         "gpt_oss": _gpt_oss,
+        "ministral3": _ministral3,
+        "deepseek_v2": _deepseek_v2,
+        "glm4_moe_lite": _glm4_moe_lite,
+        "exaone_moe": _exaone_moe,
+        "deepseek_v32": _deepseek_v32,
     }.get(spec.family)
-    if family_keys is not None:  # the dense families' files stay as they were
+    if family_keys is not None:  # the older dense families' files stay as they were
         config |= {"hidden_act": "silu"} | family_keys(spec, s)
-    if spec.family == "deepseek_v3":  # MLA's head sizes are its own keys, as in DeepSeek's file
+    if spec.family in _MLA:  # MLA's head sizes are its own keys, as in DeepSeek's file
         del config["head_dim"]
     return config
 
@@ -581,20 +614,106 @@ def _routed_experts(s: Shape) -> dict[str, object]:
     }
 
 
-def _deepseek_v3(spec: TinySpec, s: Shape) -> dict[str, object]:
-    return _routed_experts(s) | {
+def _mla(spec: TinySpec, s: Shape) -> dict[str, object]:
+    """Latent attention's sizes, as DeepSeek's and GLM's files key them."""
+    return {
         "num_key_value_heads": spec.heads,  # MLA: every head reads the shared latent
         "q_lora_rank": s.q_lora_rank or None,
         "kv_lora_rank": s.kv_lora_rank,
         "qk_rope_head_dim": s.qk_rope_dim,
         "qk_nope_head_dim": s.qk_nope_dim,
         "v_head_dim": s.v_head_dim,
+    }
+
+
+def _deepseek_v3(spec: TinySpec, s: Shape) -> dict[str, object]:
+    return (
+        _routed_experts(s)
+        | _mla(spec, s)
+        | {
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "moe_layer_freq": 1,
+            "attention_bias": False,
+            "rms_norm_eps": 1e-6,
+            "rope_scaling": YARN | {"mscale": 1.0, "mscale_all_dim": 1.0, "type": "yarn"},
+        }
+    )
+
+
+def _deepseek_v32(spec: TinySpec, s: Shape) -> dict[str, object]:
+    """DeepSeek-V3.2: V3 with an indexer choosing INDEX_TOPK tokens of the context."""
+    return _deepseek_v3(spec, s) | {
+        "index_n_heads": INDEX_HEADS,
+        "index_head_dim": 2 * s.qk_rope_dim,
+        "index_topk": INDEX_TOPK,
+    }
+
+
+def _deepseek_v2(spec: TinySpec, s: Shape) -> dict[str, object]:
+    """DeepSeek-V2: softmax scores, the best groups' experts (its files say "greedy" when
+    there is one group)."""
+    grouped = s.expert_groups > 1
+    return (
+        _routed_experts(s)
+        | _mla(spec, s)
+        | {
+            "scoring_func": "softmax",
+            "topk_method": "group_limited_greedy" if grouped else "greedy",
+            "moe_layer_freq": 1,
+            "attention_bias": False,
+            "rms_norm_eps": 1e-6,
+            "rope_scaling": YARN | {"mscale": 0.707, "mscale_all_dim": 0.707, "type": "yarn"},
+        }
+    )
+
+
+def _glm4_moe_lite(spec: TinySpec, s: Shape) -> dict[str, object]:
+    """GLM-4.7-Flash: DeepSeek-V3's attention and routing, its rotary on the whole rope part."""
+    return (
+        _routed_experts(s)
+        | _mla(spec, s)
+        | {
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "moe_layer_freq": 1,
+            "attention_bias": False,
+            "partial_rotary_factor": 1.0,
+            "rope_theta": 1000000.0,
+            "rope_scaling": None,
+        }
+    )
+
+
+def _exaone_moe(spec: TinySpec, s: Shape) -> dict[str, object]:
+    """K-EXAONE: three sliding-window layers to a global one (rotary on the sliding ones
+    only), a flag per layer for experts, DeepSeek-V3's routing."""
+    kinds = ("sliding_attention",) * 3 + ("full_attention",)
+    routed = _routed_experts(s)
+    del routed["first_k_dense_replace"], routed["num_nextn_predict_layers"]  # is_moe_layer, mtp.*
+    return {
+        "num_experts": routed.pop("n_routed_experts"),
+        "num_shared_experts": routed.pop("n_shared_experts"),
+        **routed,
+        "is_moe_layer": [i >= s.dense_layers for i in range(spec.layers)],
+        "sliding_window": s.sliding_window,
+        "layer_types": [kinds[i % 4] for i in range(spec.layers)],
         "scoring_func": "sigmoid",
         "topk_method": "noaux_tc",
-        "moe_layer_freq": 1,
-        "attention_bias": False,
-        "rms_norm_eps": 1e-6,
-        "rope_scaling": YARN | {"mscale": 1.0, "mscale_all_dim": 1.0, "type": "yarn"},
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+    }
+
+
+def _ministral3(spec: TinySpec, s: Shape) -> dict[str, object]:
+    """Ministral 3: YaRN with Llama 4's position-dependent query scale, in rope_parameters."""
+    # its YaRN factor of 16, over a short original context so that tests pass beyond it
+    rope: dict[str, object] = {**YARN, "factor": 16.0}
+    rope |= {"original_max_position_embeddings": CONTEXT // 16, "rope_type": "yarn"}
+    rope |= {"mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 1000000.0}
+    return {
+        "rope_parameters": rope | {"llama_4_scaling_beta": 0.1},
+        "sliding_window": None,
     }
 
 

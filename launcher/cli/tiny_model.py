@@ -9,7 +9,10 @@ import click
 from launcher.cli.options import DIRECTORY, SEED, Number
 
 # cluster/tiny_model.py's FAMILIES, repeated so that --help needs no MLX import (a test compares)
-FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss")
+FAMILIES = (
+    "llama", "qwen2", "qwen3", "ministral3", "qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss",
+    "deepseek_v2", "glm4_moe_lite", "exaone_moe", "deepseek_v32",
+)  # fmt: skip
 # Sane sizes for a model meant to be tiny; cluster/tiny_model.py also caps the total size.
 LAYERS = Number(int, 1, 256)
 HIDDEN = Number(int, 1, 16384)

@@ -1,6 +1,7 @@
-"""`mlx-cluster tiny-model --family F` for the mixture-of-experts families: folders mlx-lm loads
-like the family's real checkpoints, with the logits of the model that was written, routers that
-pick different experts for different tokens, and any expert/head shape the options ask for."""
+"""`mlx-cluster tiny-model --family F` for the mixture-of-experts families (and ministral3):
+folders mlx-lm loads like the family's real checkpoints, with the logits of the model that was
+written, routers that pick different experts for different tokens, and any expert/head shape the
+options ask for."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 from cluster.tiny_model import (
+    _MLA,
     FAMILIES,
     MARKER,
     MOE_FAMILIES,
@@ -32,6 +34,7 @@ from cluster.tiny_model import (
 from topology.errors import InputError
 
 CLI = Path(sys.executable).parent / "mlx-cluster"
+# Families write_tiny_model writes that launcher/cli/tiny_model.py's --family does not offer yet
 PROMPTS = (
     "Hello world",
     "Write a poem about the sea",
@@ -96,6 +99,58 @@ EXPECTED: dict[str, dict[str, object]] = {
         "layer_types": ["sliding_attention", "full_attention"] * 2,
         "head_dim": 16,
     },
+    "deepseek_v2": {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "n_group": 2,
+        "topk_group": 1,
+        "topk_method": "group_limited_greedy",
+        "scoring_func": "softmax",
+        "q_lora_rank": 48,
+        "kv_lora_rank": 32,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16,
+        "v_head_dim": 16,
+        "num_key_value_heads": 4,
+    },
+    "glm4_moe_lite": {
+        "architectures": ["Glm4MoeLiteForCausalLM"],
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_method": "noaux_tc",
+        "q_lora_rank": 48,
+        "kv_lora_rank": 32,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "num_key_value_heads": 4,
+    },
+    "exaone_moe": {
+        "architectures": ["ExaoneMoEForCausalLM"],
+        "num_experts": 8,
+        "num_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "is_moe_layer": [False, True, True, True],
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+        "sliding_window": 32,
+        "head_dim": 16,
+    },
+    "deepseek_v32": {
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "n_routed_experts": 8,
+        "n_group": 2,
+        "topk_method": "noaux_tc",
+        "q_lora_rank": 48,
+        "kv_lora_rank": 32,
+        "qk_rope_head_dim": 8,
+        "index_n_heads": 2,
+        "index_head_dim": 16,
+        "index_topk": 16,
+    },
 }
 
 
@@ -151,7 +206,7 @@ def test_written_model_loads_with_the_logits_of_the_model_built(written: Path) -
     config = json.loads((written / "config.json").read_text())
     family = config["model_type"]
     assert {k: config.get(k) for k in EXPECTED[family]} == EXPECTED[family]
-    assert ("head_dim" in config) is (family != "deepseek_v3")  # DeepSeek's file has none
+    assert ("head_dim" in config) is (family not in _MLA)  # DeepSeek's file has none
     arch = importlib.import_module(f"mlx_lm.models.{family}")
     required = {
         f.name
@@ -227,7 +282,16 @@ def test_same_seed_same_weights(tmp_path: Path, family: str) -> None:
 
 @pytest.mark.parametrize(
     ("family", "bits", "group"),
-    [("qwen3_moe", 4, 32), ("deepseek_v3", 8, 64), ("glm4_moe", 2, 32), ("gpt_oss", 6, 64)],
+    [
+        ("qwen3_moe", 4, 32),
+        ("deepseek_v3", 8, 64),
+        ("glm4_moe", 2, 32),
+        ("gpt_oss", 6, 64),
+        ("deepseek_v2", 4, 32),
+        ("glm4_moe_lite", 8, 32),
+        ("exaone_moe", 3, 64),
+        ("deepseek_v32", 6, 32),
+    ],
 )
 def test_quantized_model_loads(tmp_path: Path, family: str, bits: int, group: int) -> None:
     out = write_tiny_model(tmp_path / "q", family, quantize_bits=bits, group_size=group)
@@ -264,6 +328,10 @@ def test_quantized_model_loads(tmp_path: Path, family: str, bits: int, group: in
         | {"shared_experts": 2, "dense_layers": 0, "expert_groups": 2, "groups_per_token": 2},
         {"family": "gpt_oss", "layers": 3, "heads": 8, "kv_heads": 2, "head_dim": 8}
         | {"sliding_window": 4, "experts": 4, "experts_per_token": 4},
+        {"family": "deepseek_v2", "heads": 2, "q_lora_rank": 0, "kv_lora_rank": 24}
+        | {"qk_rope_dim": 6, "qk_nope_dim": 10, "v_head_dim": 12, "expert_groups": 1},
+        {"family": "exaone_moe", "layers": 5, "heads": 6, "kv_heads": 3, "head_dim": 8}
+        | {"sliding_window": 4, "dense_layers": 2, "shared_experts": 2},
     ],
     ids=lambda options: options["family"],
 )
@@ -288,6 +356,15 @@ def test_options_shape_the_model(tmp_path: Path, options: dict[str, Any]) -> Non
     elif family == "glm4_moe":
         assert config["partial_rotary_factor"] == 0.25 and config["use_qk_norm"] is False
         assert moe == [0, 1, 2, 3] and model.layers[0].self_attn.rope.dims == 8
+    elif family == "deepseek_v2":  # one group: DeepSeek-V2-Lite's plain greedy routing
+        assert config["q_lora_rank"] is None and "q_proj" in model.layers[0].self_attn
+        assert config["topk_method"] == "greedy" and moe == [1, 2, 3]
+        assert model.layers[0].self_attn.kv_b_proj.weight.shape == (2 * (10 + 12), 24)
+    elif family == "exaone_moe":
+        assert config["is_moe_layer"] == [False, False, True, True, True] and moe == [2, 3, 4]
+        caches = [type(c).__name__ for c in model.make_cache()]
+        assert caches == ["RotatingKVCache"] * 3 + ["KVCache", "RotatingKVCache"]
+        assert model.layers[2].mlp.shared_experts.up_proj.weight.shape == (128, 64)
     else:
         kinds = ["sliding_attention", "full_attention", "sliding_attention"]
         assert config["layer_types"] == kinds
@@ -339,6 +416,8 @@ def test_parameters_counts_what_mlx_lm_builds(family: str, hidden: int) -> None:
         ),
         ({"family": "deepseek_v3", "qk_rope_dim": 5}, "--qk-rope-dim 5 must be even"),
         ({"family": "deepseek_v3", "layers": 62}, "--layers must be at most 61 for deepseek_v3"),
+        ({"family": "deepseek_v32", "q_lora_rank": 0}, "--q-lora-rank must be at least 1 for"),
+        ({"family": "deepseek_v2", "heads": 3}, "--heads 3 must divide --hidden 64 for"),
         ({"family": "gpt_oss", "layers": 1}, "--layers must be at least 2 for gpt_oss"),
         ({"family": "glm4_moe", "rotary_fraction": 0.1}, "gives 1 rotary dimensions"),
         ({"family": "glm4_moe", "rotary_fraction": 1.5}, "--rotary-fraction must be in (0, 1]"),
@@ -367,8 +446,26 @@ def test_odd_head_shapes_are_fine_where_heads_need_not_divide_hidden() -> None:
 def test_cli_offers_every_family_and_refuses_a_foreign_option(tmp_path: Path) -> None:
     from launcher.cli import tiny_model as command
 
-    assert command.FAMILIES == FAMILIES
+    assert FAMILIES == command.FAMILIES
     done = cli(str(tmp_path / "m"), "--family", "llama", "--sliding-window", "8")
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert done.stderr.startswith("mlx-cluster: error: --sliding-window does not apply to llama")
     assert not (tmp_path / "m").exists()
+
+
+def test_ministral3_loads_with_the_logits_of_the_model_built(tmp_path: Path) -> None:
+    """A dense family with Llama 4's query scale, which grows past
+    original_max_position_embeddings: a prompt longer than that is scaled, and still matches."""
+    out = write_tiny_model(tmp_path / "m", "ministral3", heads=8, kv_heads=4, head_dim=8)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Ministral3ForCausalLM"]
+    rope = config["rope_parameters"]
+    assert rope["rope_type"] == "yarn" and rope["llama_4_scaling_beta"] == 0.1
+    model, tokenizer = load(out)
+    spec = TinySpec(**json.loads((out / MARKER).read_text()))
+    assert count(model) == spec.parameters()
+    long_prompt = " ".join(PROMPTS) * 12
+    assert len(tokenizer.encode(long_prompt)) > rope["original_max_position_embeddings"]
+    got = logits(model, tokenizer, long_prompt)
+    assert mx.all(mx.isfinite(got)).item()
+    np.testing.assert_allclose(got, logits(in_memory(out), tokenizer, long_prompt), atol=1e-5)

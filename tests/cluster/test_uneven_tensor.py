@@ -111,11 +111,47 @@ MODELS: dict[str, dict[str, Any]] = {
         "quantize_bits": 8,
         "group_size": 32,
     },
-    # the mixture-of-experts families at their default shapes (4 heads, experts 64 wide)
+    # the mixture-of-experts families at their default shapes (4 heads, experts 64 wide);
+    # exaone_moe with 4 layers, three sliding-window ones and a global one
     **{f: {"family": f, "layers": 3} for f in ("qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss")},
+    **{f: {"family": f, "layers": 3} for f in ("deepseek_v2", "glm4_moe_lite", "deepseek_v32")},
+    "exaone_moe": {"family": "exaone_moe", "layers": 4},
+    # Ministral 3 (llama-like, Llama 4's query scale) with 8 heads / 4 KV heads over 3 ranks
+    "ministral3_8_4": {
+        "family": "ministral3",
+        "layers": 3,
+        "hidden": 128,
+        "heads": 8,
+        "kv_heads": 4,
+    },
+    # DeepSeek V2's MLA keeps kv_b_proj whole: its rows per head cut from 8-bit weights
+    "deepseek_v2_q8": {
+        "family": "deepseek_v2",
+        "layers": 3,
+        "hidden": 128,
+        "heads": 4,
+        "moe_intermediate": 160,
+        "quantize_bits": 8,
+        "group_size": 32,
+    },
     # 16 heads / 4 KV heads: room for runs of heads across KV rows (several calls a rank)
     "llama_16_4": {"family": "llama", "layers": 3, "hidden": 256, "heads": 16, "kv_heads": 4},
     "gpt_oss_16_4": {"family": "gpt_oss", "layers": 2, "hidden": 256, "heads": 16, "kv_heads": 4},
+    "ministral3_16_4": {
+        "family": "ministral3",
+        "layers": 3,
+        "hidden": 256,
+        "heads": 16,
+        "kv_heads": 4,
+    },
+    # (3 sliding-window layers: 4 layers, its global one too, differ from one process by 9.7e-5)
+    "exaone_moe_16_4": {
+        "family": "exaone_moe",
+        "layers": 3,
+        "hidden": 256,
+        "heads": 16,
+        "kv_heads": 4,
+    },
     "qwen3_q4_16_4": {
         "family": "qwen3",
         "layers": 3,
@@ -226,6 +262,12 @@ def sizes(share: RankShare) -> tuple[int, ...]:
         ("deepseek_v3", 3),
         ("glm4_moe", 3),
         ("gpt_oss", 3),
+        ("deepseek_v2", 3),
+        ("deepseek_v2_q8", 3),
+        ("glm4_moe_lite", 3),
+        ("exaone_moe", 3),
+        ("ministral3_8_4", 3),
+        ("deepseek_v32", 3),
     ],
 )
 def test_uneven_shares_match_single_process(
@@ -244,6 +286,7 @@ def test_uneven_shares_match_single_process(
         "qwen3_q4_g64": ("mlp", [128, 128, 64]),
         "qwen3_moe_q4_g64": ("expert", [128, 128, 64]),
         "deepseek_v3_q8": ("expert", [64, 64, 32]),
+        "deepseek_v2_q8": ("expert", [64, 64, 32]),
     }
     if name in whole_groups:
         width, want = whole_groups[name]
@@ -262,6 +305,7 @@ def test_uneven_shares_match_single_process(
     [
         ("llama_9_3", 1.2),
         ("deepseek_v3", 1.2),
+        ("deepseek_v2", None),  # kv_b_proj's rows for each rank's heads
         ("qwen3_q4_mlp7", None),  # 4-bit widths: too few bytes to show in the peak
     ],
 )
@@ -297,7 +341,9 @@ def test_planned_unequal_shares_match_single_process(
         assert peaks[0] > heavier * peaks[1], peaks
 
 
-@pytest.mark.parametrize("name", ["llama_16_4", "gpt_oss_16_4", "qwen3_q4_16_4"])
+@pytest.mark.parametrize(
+    "name", ["llama_16_4", "gpt_oss_16_4", "qwen3_q4_16_4", "ministral3_16_4", "exaone_moe_16_4"]
+)
 def test_runs_of_heads_across_kv_rows_match_single_process(
     model: Callable[[str], Path], name: str
 ) -> None:

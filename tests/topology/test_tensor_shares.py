@@ -503,3 +503,86 @@ def test_plan_json_refuses_a_malformed_tensor_share(bad: Any) -> None:
     raw["ranks"][1]["tensor_share"] = bad
     with pytest.raises(ValueError, match=r"ranks\[1\]\.tensor_share"):
         Plan.from_json(raw)
+
+
+# --- families cut in shares since issue 28's second step -----------------------------------
+
+# Shapes like the published checkpoints' (DeepSeek-V2-Lite, GLM-4.7-Flash, DeepSeek-V3.2,
+# Ministral 3 8B, K-EXAONE), 4-bit: none of their head counts divides by 3
+_MLA_V2 = {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
+NEW_FAMILIES: dict[str, dict[str, Any]] = {
+    "deepseek_v2": _MLA_V2
+    | {"q_lora_rank": None, "qk_nope_head_dim": 128, "v_head_dim": 128, "num_attention_heads": 16}
+    | {
+        "num_key_value_heads": 16,
+        "hidden_size": 2048,
+        "intermediate_size": 10944,
+        "moe_intermediate_size": 1408,
+    }
+    | {"n_routed_experts": 64, "n_shared_experts": 2, "first_k_dense_replace": 1},
+    "glm4_moe_lite": _MLA_V2
+    | {"q_lora_rank": 768, "qk_nope_head_dim": 192, "v_head_dim": 256, "num_attention_heads": 20}
+    | {
+        "num_key_value_heads": 20,
+        "hidden_size": 2048,
+        "intermediate_size": 10240,
+        "moe_intermediate_size": 1536,
+    }
+    | {"n_routed_experts": 64, "n_shared_experts": 1, "first_k_dense_replace": 1},
+    "deepseek_v32": _MLA_V2
+    | {"q_lora_rank": 1536, "qk_nope_head_dim": 128, "v_head_dim": 128, "num_attention_heads": 128}
+    | {"num_key_value_heads": 128, "hidden_size": 7168, "intermediate_size": 18432}
+    | {"moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1}
+    | {"first_k_dense_replace": 3, "index_n_heads": 64, "index_head_dim": 128},
+    "ministral3": {"hidden_size": 4096, "intermediate_size": 14336, "head_dim": 128}
+    | {"num_attention_heads": 32, "num_key_value_heads": 8},
+    "exaone_moe": {"hidden_size": 6144, "intermediate_size": 18432, "head_dim": 128}
+    | {"num_attention_heads": 64, "num_key_value_heads": 8, "num_experts": 128}
+    | {"num_shared_experts": 1, "moe_intermediate_size": 2048}
+    | {"is_moe_layer": [False] + [True] * 47},
+}
+NEW_WIDTHS = {
+    "deepseek_v2": {"mlp": 10944, "expert": 1408, "shared": 2816},
+    "glm4_moe_lite": {"mlp": 10240, "expert": 1536, "shared": 1536},
+    "deepseek_v32": {"mlp": 18432, "expert": 2048, "shared": 2048},
+    "ministral3": {"mlp": 14336},
+    "exaone_moe": {"mlp": 18432, "expert": 2048, "shared": 2048},
+}
+
+
+def new_family(family: str, **over: Any) -> ModelSpec:
+    config = {"model_type": family, "num_hidden_layers": 48, "vocab_size": 102400}
+    config |= {"num_experts_per_tok": 8, "quantization": {"bits": 4, "group_size": 64}}
+    return spec_from_config(config | NEW_FAMILIES[family] | over)
+
+
+@pytest.mark.parametrize("family", list(NEW_FAMILIES))
+def test_new_families_split_over_ranks_that_divide_nothing(family: str) -> None:
+    s = new_family(family)
+    assert s.uneven_supported
+    assert widths_for(s) == NEW_WIDTHS[family]
+    lay = tensor_layout(s, [1.0, 1.0, 1.0], 4096)
+    assert isinstance(lay, TensorLayout), lay
+    heads = sorted(h for share in lay.shares for h in share.heads(lay.grid))
+    assert heads == list(range(s.heads))
+    assert len({share.n_heads for share in lay.shares}) > 1  # really uneven
+
+
+def test_exaone_moe_reads_its_moe_layer_flags() -> None:
+    s = new_family("exaone_moe")
+    assert s.sparse_layers == tuple(range(1, 48)) and s.shared_intermediate == 2048
+    with pytest.raises(InputError, match=r"is_moe_layer\[1\]: must be true or false"):
+        new_family("exaone_moe", is_moe_layer=[False, 1] + [True] * 46)
+    with pytest.raises(InputError, match="is_moe_layer: must be a list of 48"):
+        new_family("exaone_moe", is_moe_layer=[True] * 47)
+
+
+def test_a_family_on_mlx_lms_shard_still_needs_even_splits() -> None:
+    config = {"model_type": "minimax", "num_hidden_layers": 8, "vocab_size": 1000}
+    config |= {"hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 8}
+    config |= {"intermediate_size": 1536, "num_local_experts": 8, "num_experts_per_tok": 2}
+    s = spec_from_config(config)
+    assert not s.uneven_supported
+    assert tensor_layout(s, [1.0, 1.0, 1.0], 4096) == (
+        "attention heads (16) split evenly 3 ways (minimax has no uneven shards)"
+    )

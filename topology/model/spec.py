@@ -17,8 +17,8 @@ from functools import cached_property
 from typing import Any
 
 from topology.errors import InputError
+from topology.model.config import LIMITS, index_total, quantization, sparse_layers
 from topology.model.config import config_int as _int
-from topology.model.config import index_total, quantization, sparse_layers
 from topology.model.layout import LayerCost, estimate_layers
 from topology.model.shape import ModelShape
 from topology.untrusted import show
@@ -26,12 +26,13 @@ from topology.untrusted import show
 _MODEL_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 # model_type values whose mlx-lm 0.32 model class has shard() (tensor parallel), after
-# mlx-lm's MODEL_REMAPPING (mistral -> llama, kimi_k2 -> deepseek_v3, ...).
+# mlx-lm's MODEL_REMAPPING (mistral -> llama, kimi_k2 -> deepseek_v3, ...). Not qwen3_next:
+# its class has no shard() (0.32.2), so plan says so instead of a rank failing at load.
 TENSOR_FAMILIES = frozenset(
     {
-        "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_next",
-        "deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm4_moe_lite",
-        "gpt_oss", "minimax", "minimax_m2", "ministral3", "exaone_moe", "step3p5",
+        "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "deepseek_v2",
+        "deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm4_moe_lite", "gpt_oss",
+        "minimax", "minimax_m2", "ministral3", "exaone_moe", "step3p5",
     }
 )  # fmt: skip
 # Families whose layers cluster/tensor_shards.py cuts in any share; the rest of TENSOR_FAMILIES
@@ -47,6 +48,11 @@ UNEVEN_FAMILIES = frozenset(
         "kimi_k2",
         "glm4_moe",
         "gpt_oss",
+        "ministral3",
+        "deepseek_v2",
+        "glm4_moe_lite",
+        "exaone_moe",
+        "deepseek_v32",
     }
 )
 # Families mlx-lm 0.32 pipelines (PipelineMixin) or cluster/pipeline_stage.py runs as stages.
@@ -203,7 +209,7 @@ def spec_from_config(
     if tie is not None and not isinstance(tie, bool):
         raise InputError(f"{source}: tie_word_embeddings: must be true or false, got {show(tie)}")
     moe_inter = _int(config, source, "moe_intermediate_size", default=0)
-    shared = _int(config, source, "n_shared_experts", default=0)
+    shared = _shared_experts(config, source)
     spec = ModelSpec(
         source=source,
         model_type=model_type,
@@ -230,7 +236,9 @@ def spec_from_config(
         moe_intermediate=moe_inter,
         shared_intermediate=moe_inter * shared
         or _int(config, source, "shared_expert_intermediate_size", default=0),
-        sparse_layers=sparse_layers(config, source, layers, experts),
+        sparse_layers=_moe_layers(config, source, layers)
+        if experts and "is_moe_layer" in config
+        else sparse_layers(config, source, layers, experts),
         kv_lora_rank=_int(config, source, "kv_lora_rank", default=0) or None,
         q_lora_rank=_int(config, source, "q_lora_rank", default=0) or None,
         qk_rope_head_dim=_int(config, source, "qk_rope_head_dim", default=0),
@@ -247,3 +255,30 @@ def spec_from_config(
     if spec.is_moe and not (spec.moe_intermediate or spec.intermediate):
         raise InputError(f"{source}: moe_intermediate_size: missing for a mixture-of-experts model")
     return spec
+
+
+def _moe_layers(config: Mapping[str, Any], source: str, layers: int) -> tuple[int, ...]:
+    """EXAONE-MoE's is_moe_layer: a flag per layer, which is what mlx-lm builds from."""
+    flags = config["is_moe_layer"]
+    if not isinstance(flags, list) or len(flags) != layers:
+        raise InputError(f"{source}: is_moe_layer: must be a list of {layers} true/false flags")
+    for i, flag in enumerate(flags):
+        if not isinstance(flag, bool):
+            raise InputError(
+                f"{source}: is_moe_layer[{i}]: must be true or false, got {show(flag)}"
+            )
+    return tuple(i for i, flag in enumerate(flags) if flag)
+
+
+def _shared_experts(config: Mapping[str, Any], source: str) -> int:
+    """DeepSeek's n_shared_experts, or EXAONE-MoE's num_shared_experts (in the same range)."""
+    if config.get("n_shared_experts") is not None or config.get("num_shared_experts") is None:
+        return _int(config, source, "n_shared_experts", default=0)
+    value = config["num_shared_experts"]
+    lo, hi = LIMITS["n_shared_experts"]
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InputError(
+            f"{source}: num_shared_experts: must be a whole number from {lo} to {hi}, "
+            f"got {show(value)}"
+        )
+    return value
