@@ -41,12 +41,14 @@ class _Sequence:
     counts: DraftCounts = field(default_factory=DraftCounts)
     answer_seen: int = 0  # answer tokens (the pending one included) given to the prediction
     from_prediction: bool = False  # where the draft being checked came from
-    found: float = 1.0  # running share of the steps it was asked and had a draft (hopeful start)
+    # Running shares: of steps where a draft could match at all (seen every step, no waiting),
+    # and of those where asking then found one (seen only when asked; hopeful start).
+    could: float = 1.0
+    found: float = 1.0
     asks: int = 0
 
     def asked(self, had_draft: bool) -> None:
         self.found = (1 - FOUND_WEIGHT) * self.found + FOUND_WEIGHT * had_draft
-        self.asks += 1
 
 
 # Rank 0's drafts of a step on every rank (None from the others): set with a draft model,
@@ -90,15 +92,24 @@ class Drafts:
             found=self._priors[_source(prediction)][0],
         )
 
+    def _could(self, s: _Sequence, history: list[int]) -> bool:
+        return self.model_drafts or s.prediction is not None or s.lookup.may_match(history)
+
+    def observe(self, uid: int, history: list[int]) -> None:
+        """Every step, drafting or not: whether a draft could match now (cheap, no wait for the
+        step in flight), so a sequence that could copy is seen even while the batch does not
+        draft."""
+        s = self._running.get(uid)
+        if s is not None:
+            s.could = (1 - FOUND_WEIGHT) * s.could + FOUND_WEIGHT * self._could(s, history)
+
     def wants(self, uid: int, history: list[int]) -> bool:
         """Whether the sequence may draft this step (once per step: pauses count steps)."""
         s = self._running.get(uid)
         if s is None or not s.length.ready():
             return False
-        if self.model_drafts or s.prediction is not None or s.lookup.may_match(history):
-            return True
-        s.asked(False)
-        return False
+        s.asks += 1
+        return self._could(s, history)
 
     def propose(self, uid: int, history: list[int], pending: int) -> list[int]:
         """The draft to check after `pending` (the token fed next), given the tokens fed so far."""
@@ -128,7 +139,8 @@ class Drafts:
         prior = self._priors[_source(s.prediction)][1]
         if not s.counts.drafted and prior is not None:
             rate = prior  # nothing checked yet: as the sequences before it did
-        return Prospect(rate=rate, limit=limit, found=s.found, fresh=s.asks < FRESH_ASKS)
+        found = s.could * s.found
+        return Prospect(rate=rate, limit=limit, found=found, fresh=s.asks < FRESH_ASKS)
 
     def record(self, uid: int, drafted: int, accepted: int) -> None:
         s = self._running.get(uid)

@@ -69,6 +69,8 @@ class DraftingBatch(GenerationBatch):
         and found nothing: measured here at 2-3 ms of a 90 ms step of 8 rows)."""
         if self.drafts is None or not rewindable(self.prompt_cache):
             return None
+        for i, uid in enumerate(self.uids):
+            self.drafts.observe(uid, self.tokens[i])
         width = self.width
         if width is None:  # every row pays for the longest draft
             width = CHECK_POSITIONS // len(self.uids) - 1

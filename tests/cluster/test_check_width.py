@@ -199,7 +199,7 @@ def test_a_new_sequence_starts_from_what_finished_ones_were_worth() -> None:
     first = drafts.prospect(1)
     assert first is not None and first.found == 1.0
     for step in range(12):  # asked every step, never a draft
-        drafts.wants(1, [1, 2, 3, *range(100, 101 + step)])
+        assert drafts.propose(1, [1, 2, 3, *range(100, 101 + step)], 99) == []
     drafts.forget(1)
     drafts.expect(2, None)
     drafts.join(2, [4, 5, 6])
@@ -217,7 +217,7 @@ def test_a_prediction_is_not_judged_by_the_chats_before_it() -> None:
         drafts.expect(uid, None)
         drafts.join(uid, [1, 2, 3])
         for step in range(12):
-            drafts.wants(uid, [1, 2, 3, *range(100, 101 + step)])
+            assert drafts.propose(uid, [1, 2, 3, *range(100, 101 + step)], 99) == []
         drafts.forget(uid)
     drafts.expect(7, [5, 6, 7, 8])
     drafts.join(7, [1, 2, 3])
@@ -241,3 +241,23 @@ def test_a_new_sequence_is_asked_a_few_times_whatever_came_before() -> None:
         drafts.wants(1, history)
     prospect = drafts.prospect(1)
     assert prospect is not None and not prospect.fresh
+
+
+def test_a_sequence_that_could_copy_is_seen_while_the_batch_does_not_draft() -> None:
+    """`observe` runs every step without waiting for the step in flight: a sequence whose tail
+    keeps recurring (code being copied back) keeps its chance of a draft up, one with fresh
+    text brings it down, though neither was asked."""
+    from cluster.speculative.drafts import Drafts
+
+    drafts = Drafts()
+    code = list(range(10, 40))
+    for uid, tail in ((1, code), (2, list(range(500, 530)))):
+        drafts.expect(uid, None)
+        drafts.join(uid, code)
+        history = list(code)
+        for token in tail:
+            history.append(token)
+            drafts.observe(uid, history)
+    copying, fresh = drafts.prospect(1), drafts.prospect(2)
+    assert copying is not None and fresh is not None
+    assert copying.found > 0.9 and fresh.found < 0.1
