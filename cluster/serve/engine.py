@@ -19,7 +19,7 @@ from cluster.serve.sampling import Fault, guarded, request_processors, request_s
 from cluster.speculative.check_width import StepCost, StepCosts, choose_width
 from cluster.speculative.draft_length import FIRST_DRAFT
 from cluster.speculative.drafts import DraftCounts, Drafts
-from cluster.speculative.verify import DraftingBatch, install
+from cluster.speculative.verify import CHECK_POSITIONS, DraftingBatch, install
 
 # The longest prompt chunk of a step; every step message sets the chunk (Step.chunk) below it.
 MAX_CHUNK = 2048
@@ -63,6 +63,7 @@ class Engine:
         self.costs = StepCosts()  # this rank's decode steps; rank 0's choose the width
         self.width: int | None = None  # the width the step messages set (None: the bound)
         self._since_check = 0  # plain decode steps since the last checking forward
+        self._after_check = False  # whether the last measured step checked drafts
         self._probe_every = PROBE_EVERY
         self._draft_counts: dict[int, DraftCounts] = {}  # uids that finished this step
         self.active: set[int] = set()  # uids inserted and not yet finished or removed
@@ -163,11 +164,28 @@ class Engine:
         return prompt_responses, responses
 
     def measured(self, seconds: float) -> None:
-        """The wall time of a step that only decoded, on this rank."""
-        if self._batch is None or not self._batch.positions:
+        """The wall time of a step that only decoded, on this rank, as the forward it ran costs.
+
+        Plain steps run one ahead (mlx-lm computes the next while this one returns), checks do
+        not: the first check after plain steps first waits for the plain forward in flight (its
+        time is taken off, as that forward's own), and the plain step after a check only starts
+        the next forward (nothing to record)."""
+        batch = self._batch
+        if batch is None or not batch.positions:
             return
-        self.costs.record(self._batch.positions, seconds, self._batch.checked)
-        self._since_check = 0 if self._batch.checked else self._since_check + 1
+        after_check, self._after_check = self._after_check, batch.checked
+        if batch.checked:
+            self._since_check = 0
+            if not after_check:
+                in_flight = self.costs.means.get((batch.rows, False))
+                if in_flight is None:
+                    return
+                seconds -= in_flight
+            self.costs.record(batch.positions, seconds, True)
+        else:
+            self._since_check += 1
+            if not after_check:
+                self.costs.record(batch.positions, seconds)
 
     def check_width(self) -> int | None:
         """Rank 0: the draft width for the next steps, the one with the most tokens per second
@@ -179,7 +197,10 @@ class Engine:
         prospects = [p for uid in self._batch.uids if (p := self.drafts.prospect(uid))]
         if not prospects:
             return None
-        width = choose_width(fit, prospects, len(self._batch.uids))
+        rows = len(self._batch.uids)
+        # Never below the fixed bound yet: on fresh prompts the model's own choice took most of
+        # edit's gain (1.1x against 2.8x here), a sequence's worth falling after one rejection.
+        width = max(choose_width(fit, prospects, rows), CHECK_POSITIONS // rows - 1)
         if width < FIRST_DRAFT and any(p.fresh and p.limit for p in prospects):
             width = FIRST_DRAFT  # a new sequence's worth is learnt by asking it a few times
         elif width > 0:

@@ -36,6 +36,7 @@ class DraftingBatch(GenerationBatch):
         self.order = RowOrder()
         self.width: int | None = None  # drafted tokens a forward checks (None: CHECK_POSITIONS)
         self.positions = 0  # what the last step's forward read: rows x (width + 1)
+        self.rows = 0  # the rows of the last step
         self.checked = False  # whether it checked drafts
 
     def extend(self, batch: GenerationBatch) -> None:
@@ -53,6 +54,7 @@ class DraftingBatch(GenerationBatch):
         return ordered_rows(self.prompt_cache, idx, self.uids[idx], self.order)
 
     def next(self) -> list[GenerationBatch.Response]:
+        self.rows = len(self.uids)
         if not self.uids:
             self.positions, self.checked = 0, False
             return []

@@ -137,9 +137,9 @@ def test_drafts_that_never_hold_soon_stop_costing(
     tiny: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The batch engine on a real model, driven as the serve loop drives it, where every
-    sequence always has a draft and the draft is always wrong: the measured costs and the
-    sequences' acceptance choose width 0 (plain steps) within a few leases, and afterwards only
-    rare probes check anything. The tokens are those of plain steps throughout."""
+    sequence always has a draft and the draft is always wrong: the drafts are checked at first,
+    then the sequences pause (doubling) and the batch takes plain steps, with only rare checks
+    after; the widths come from rank 0's measured costs. The tokens are plain steps' throughout."""
     from mlx_lm import load
     from mlx_lm.generate import generation_stream
 
@@ -182,7 +182,7 @@ def test_drafts_that_never_hold_soon_stop_costing(
     )
     drafted, checked, width = decode(True)
     assert drafted == plain
-    assert width == 0, "the costs were measured: the width is chosen, and it is 0"
+    assert width is not None, "the costs were measured: rank 0 chose the widths"
     early, late = checked[: len(checked) // 4], checked[len(checked) // 4 :]
     assert any(early), "the drafts were checked at first"
     assert sum(late) <= 6, f"{sum(late)} checking forwards of {len(late)} steps"

@@ -130,13 +130,13 @@ def _metrics(s: Server) -> dict[str, float]:
     }
 
 
-def test_with_nothing_to_copy_answers_are_offs_and_the_width_is_measured(
+def test_with_nothing_to_copy_answers_are_offs_and_few_forwards_check(
     servers: tuple[Server, Server],
 ) -> None:
     """8 clients sampling at a high temperature, nothing to copy: seeded answers are exactly
-    --speculative off's, hardly a forward checks a draft, and /metrics shows the draft width rank
-    0 chose from the step costs it measured (tests/cluster/test_check_width.py drives the engine
-    with drafts that never hold down to width 0)."""
+    --speculative off's and hardly a forward checks a draft (tests/cluster/test_check_width.py
+    drives the engine with drafts that never hold; the dashboard test sees the width rank 0
+    chose from its measured costs)."""
     on, off = servers
     before = _metrics(on)
     prompt = "one two three four five six " * 12
@@ -164,7 +164,6 @@ def test_with_nothing_to_copy_answers_are_offs_and_the_width_is_measured(
     )
     checks = after["mlx_cluster_draft_checks_total"] - before["mlx_cluster_draft_checks_total"]
     assert generated >= 8 * 40
-    assert after["mlx_cluster_draft_width"] >= 0  # chosen from measured costs, not the bound
     # a check counts once per sequence whose draft it read: 8 rows x 80 tokens of plain steps
     # would be 640 such chances
     assert checks <= 0.1 * generated, (checks, generated)
