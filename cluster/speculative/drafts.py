@@ -46,6 +46,7 @@ class _Sequence:
     could: float = 1.0
     found: float = 1.0
     asks: int = 0
+    seen: tuple[int, bool] = (-1, False)  # (tokens, could it draft then): observe()'s answer
 
     def asked(self, had_draft: bool) -> None:
         self.found = (1 - FOUND_WEIGHT) * self.found + FOUND_WEIGHT * had_draft
@@ -101,7 +102,8 @@ class Drafts:
         draft."""
         s = self._running.get(uid)
         if s is not None:
-            s.could = (1 - FOUND_WEIGHT) * s.could + FOUND_WEIGHT * self._could(s, history)
+            s.seen = (len(history), self._could(s, history))
+            s.could = (1 - FOUND_WEIGHT) * s.could + FOUND_WEIGHT * s.seen[1]
 
     def wants(self, uid: int, history: list[int]) -> bool:
         """Whether the sequence may draft this step (once per step: pauses count steps)."""
@@ -109,7 +111,9 @@ class Drafts:
         if s is None or not s.length.ready():
             return False
         s.asks += 1
-        return self._could(s, history)
+        seen, could = s.seen
+        # observe() looked at these same tokens this step: no second lookup
+        return could if seen == len(history) else self._could(s, history)
 
     def propose(self, uid: int, history: list[int], pending: int) -> list[int]:
         """The draft to check after `pending` (the token fed next), given the tokens fed so far."""
