@@ -13,11 +13,19 @@ case for weights that mlx-lm's sanitize() makes, e.g. MLA's embed_q / unembed_ou
 Face DeepSeek-V3 / Kimi-K2 / GLM-4.7-Flash checkpoint, which holds kv_b_proj instead (the files
 mlx-lm writes hold embed_q and unembed_out themselves). Weights stay lazy here; load.py
 evaluates them layer by layer.
+
+Qwen3.5's gated delta net layers are cut by whole key heads (the "linear" width names their value
+columns): each rank keeps its key heads' query and key channels, their value heads, and those
+heads' conv taps, gates and decay parameters, so its recurrent state is its own heads' only. Its
+full-attention layers are cut as any other, q_proj's query-then-gate rows of a head kept together.
+MiniMax's q_norm / k_norm span the whole projections: each rank keeps its heads' norm weights and
+all-sums its squares (WidthNorm), a KV head held by several ranks counted on one of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -41,6 +49,42 @@ class SumOut(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return mx.distributed.all_sum(self.inner(x), group=self.group)
+
+
+@dataclass(frozen=True)
+class Counted:
+    """The columns whose squares a rank adds to a whole-width norm's all-sum: its own heads,
+    and of a KV head other ranks hold too only one rank's copy."""
+
+    spans: tuple[Span, ...]
+
+
+class WidthNorm(nn.Module):
+    """An RMSNorm over a whole projection (MiniMax's q_norm and k_norm, one weight per column of
+    every head) on a rank holding some of the heads: the squares of its counted columns are
+    all-summed, so every rank divides by the same sum over the whole width."""
+
+    def __init__(
+        self, weight: mx.array, eps: float, width: int, counted: Counted | None, group: Any
+    ) -> None:
+        super().__init__()
+        self.weight = weight
+        self.eps = eps
+        self.width = width  # the projection's whole width, every head once
+        self.counted = counted  # None: every column held counts
+        self.group = group
+
+    def __call__(self, x: mx.array) -> mx.array:
+        xf = x.astype(mx.float32)
+        squares = xf.square()
+        if self.counted is None:
+            total = squares.sum(-1, keepdims=True)
+        else:
+            total = mx.zeros((*x.shape[:-1], 1), dtype=mx.float32)
+            for a, b in self.counted.spans:
+                total = total + squares[..., a:b].sum(-1, keepdims=True)
+        total = mx.distributed.all_sum(total, group=self.group)
+        return (xf * mx.rsqrt(total / self.width + self.eps) * self.weight).astype(x.dtype)
 
 
 class _Source:
@@ -74,8 +118,12 @@ def shard_model(
     rank = group.rank()
     src = _Source(net, reader)
     for layer in net.model.layers:
-        _attention(layer.self_attn, share, grid, group, rank, src)
-        _feed_forward(layer.mlp, share, group, rank, src)
+        if getattr(layer, "is_linear", False):  # Qwen3.5's gated delta net
+            _linear_attention(layer.linear_attn, share.widths["linear"], group, rank, src)
+        else:
+            _attention(layer.self_attn, share, grid, group, rank, src)
+        mlp = layer.mlp if "mlp" in layer else layer.block_sparse_moe  # MiniMax's name
+        _feed_forward(mlp, share, group, rank, src)
 
 
 def _attention(
@@ -101,14 +149,30 @@ def _attention(
         _rows(q, _blocks(heads, _out_dims(q) // grid.heads), src)
         attn.num_heads = len(heads)
     else:
-        _rows(attn.q_proj, _blocks(heads, _out_dims(attn.q_proj) // grid.heads), src)
+        q_rows = _out_dims(attn.q_proj) // grid.heads  # Qwen3.5: a head's query, then gate rows
+        kv_rows = _out_dims(attn.k_proj) // grid.kv_heads
+        _rows(attn.q_proj, _blocks(heads, q_rows), src)
         kv = share.kv_heads()
         for proj in (attn.k_proj, attn.v_proj):
-            _rows(proj, _blocks(kv, _out_dims(proj) // grid.kv_heads), src)
+            _rows(proj, _blocks(kv, kv_rows), src)
+        if _whole_width(attn, "q_norm", grid.heads * q_rows, q_rows):  # MiniMax
+            attn.q_norm = _width_norm(attn, "q_norm", _blocks(heads, q_rows), None, group, src)
+        if _whole_width(attn, "k_norm", grid.kv_heads * kv_rows, kv_rows):
+            # A KV head several ranks hold counts once: on the rank holding its first query
+            # head (exactly one rank does, as every query head is held once).
+            spans, start = [], 0
+            for (a, b), (c, _) in share.blocks:
+                if c == 0:
+                    spans.append((start, start + (b - a) * kv_rows))
+                start += (b - a) * kv_rows
+            counted = Counted(tuple(spans))
+            attn.k_norm = _width_norm(attn, "k_norm", _blocks(kv, kv_rows), counted, group, src)
         if hasattr(attn, "sinks"):  # gpt-oss: one learned sink logit per head
             attn.sinks = src.rows(attn, "sinks", heads, axis=-1)
             attn.num_attention_heads, attn.num_key_value_heads = len(heads), len(kv)
             attn.num_key_value_groups = len(heads) // len(kv)
+        elif hasattr(attn, "num_attention_heads"):  # Qwen3.5 (q_proj: query then gate rows)
+            attn.num_attention_heads, attn.num_key_value_heads = len(heads), len(kv)
         else:
             attn.n_heads, attn.n_kv_heads = len(heads), len(kv)
         if len(share.blocks) > 1:
@@ -116,6 +180,56 @@ def _attention(
     per_head = _in_dims(attn.o_proj) // grid.heads
     _cols(attn.o_proj, _runs(heads, per_head), rank, src)
     attn.o_proj = SumOut(attn.o_proj, group)
+
+
+def _linear_attention(lin: nn.Module, span: Span, group: Any, rank: int, src: _Source) -> None:
+    """A gated delta net's share: the key heads whose value columns `span` names, each with its
+    query and key channels and its group of value heads (mlx-lm's kernel pairs value head v
+    with key head v // group, so a run of key heads carries a run of value heads)."""
+    dk, dv = int(lin.head_k_dim), int(lin.head_v_dim)
+    per_key = lin.num_v_heads // lin.num_k_heads  # value heads a key head carries
+    first, last = span[0] // (per_key * dv), span[1] // (per_key * dv)
+    keys, values = range(first, last), range(first * per_key, last * per_key)
+    key_dim = int(lin.key_dim)
+    # conv channels and in_proj_qkv rows: queries, then keys, then values, head after head
+    channels = [
+        *_blocks(keys, dk),
+        *(key_dim + c for c in _blocks(keys, dk)),
+        *(2 * key_dim + c for c in _blocks(values, dv)),
+    ]
+    _rows(lin.in_proj_qkv, channels, src)
+    lin.conv1d.weight = src.rows(lin.conv1d, "weight", channels, axis=0)  # (channels, taps, 1)
+    _rows(lin.in_proj_z, _blocks(values, dv), src)
+    for proj in (lin.in_proj_b, lin.in_proj_a):  # one row per value head
+        _rows(proj, list(values), src)
+    for name in ("dt_bias", "A_log"):
+        lin[name] = src.rows(lin, name, list(values), axis=-1)
+    _cols(lin.out_proj, [span], rank, src)
+    lin.out_proj = SumOut(lin.out_proj, group)
+    lin.num_k_heads, lin.num_v_heads = len(keys), len(values)
+    lin.key_dim, lin.value_dim = len(keys) * dk, len(values) * dv
+    lin.conv_dim = len(channels)
+    lin.conv1d.groups = len(channels)  # depthwise: one group per channel
+
+
+def _whole_width(attn: nn.Module, name: str, width: int, per_head: int) -> bool:
+    """Is attn.<name> an RMSNorm over the projection's whole width (not one head's)?"""
+    norm = getattr(attn, name, None)
+    return isinstance(norm, nn.RMSNorm) and norm.weight.shape[-1] == width != per_head
+
+
+def _width_norm(
+    attn: nn.Module,
+    name: str,
+    columns: Sequence[int],
+    counted: Counted | None,
+    group: Any,
+    src: _Source,
+) -> WidthNorm:
+    norm = attn[name]
+    width = int(norm.weight.shape[-1])
+    weight = src.rows(norm, "weight", columns, axis=-1)
+    return WidthNorm(weight, float(norm.eps), width, counted, group)
 
 
 def _feed_forward(mlp: nn.Module, share: RankShare, group: Any, rank: int, src: _Source) -> None:

@@ -1,9 +1,11 @@
 """A tiny random-weight model that mlx-lm loads like a real checkpoint, built offline.
 
-Dense families (llama, qwen2, qwen3, ministral3) and mixture-of-experts ones (qwen3_moe,
+Dense families (llama, qwen2, qwen3, ministral3, qwen3_5) and mixture-of-experts ones (qwen3_moe,
 deepseek_v3, deepseek_v32, deepseek_v2 and glm4_moe_lite with MLA attention, glm4_moe, gpt_oss,
-exaone_moe), each with config.json keyed as the family's Hugging Face checkpoints are and the
-parameter names mlx-lm's model class has (its sanitize() keeps them).
+exaone_moe, qwen3_5_moe, minimax), each with config.json keyed as the family's Hugging Face
+checkpoints are and the parameter names mlx-lm's model class has (its sanitize() keeps them).
+Qwen3.5's two (gated delta net linear attention, every full_attention_interval-th layer gated
+full attention) nest the decoder's settings in text_config, as its multimodal checkpoints do.
 
 Weights are split one file per layer (plus one for embeddings/norm/head) with a
 model.safetensors.index.json, so pipeline ranks can be shown to read only their layers'
@@ -31,10 +33,10 @@ from mlx.utils import tree_flatten, tree_unflatten
 from cluster.model_folder import save_weights_by_layer, write_folder
 from topology.errors import InputError
 
-DENSE_FAMILIES = ("llama", "qwen2", "qwen3", "ministral3")
+DENSE_FAMILIES = ("llama", "qwen2", "qwen3", "ministral3", "qwen3_5")
 MOE_FAMILIES = (
     "qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss", "deepseek_v2", "glm4_moe_lite", "exaone_moe",
-    "deepseek_v32",
+    "deepseek_v32", "qwen3_5_moe", "minimax",
 )  # fmt: skip
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 ARCHITECTURES = {
@@ -50,22 +52,29 @@ ARCHITECTURES = {
     "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
     "exaone_moe": "ExaoneMoEForCausalLM",
     "deepseek_v32": "DeepseekV32ForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "minimax": "MiniMaxM2ForCausalLM",
 }
 # DeepSeek-style experts: a gate over groups of experts, shared experts, the first layers dense
 _ROUTED = ("deepseek_v3", "glm4_moe", "deepseek_v2", "glm4_moe_lite", "exaone_moe", "deepseek_v32")
 _MLA = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "deepseek_v32")  # latent: no KV heads
+_HYBRID = ("qwen3_5", "qwen3_5_moe")  # linear attention beside gated full attention
+QWEN3_5_ROTARY = 0.25  # Qwen3.5's partial_rotary_factor
+LINEAR_CONV = 4  # its linear_conv_kernel_dim
 # DeepSeek-V3.2's indexer, which picks the context a token attends to: heads, their size (a
 # multiple of the rope part: 2x it) and how many tokens it keeps, few so that tests pass beyond
 INDEX_HEADS, INDEX_TOPK = 2, 16
 # The options only some families read, and those families: given to another one, an option is
 # refused rather than silently ignored.
 APPLIES: dict[str, tuple[str, ...]] = {
-    "intermediate": tuple(f for f in FAMILIES if f != "gpt_oss"),  # gpt-oss has experts only
+    # gpt-oss and MiniMax have experts only
+    "intermediate": tuple(f for f in FAMILIES if f not in ("gpt_oss", "minimax")),
     "head_dim": tuple(f for f in FAMILIES if f not in ("qwen2", *_MLA)),
     "experts": MOE_FAMILIES,
     "experts_per_token": MOE_FAMILIES,
     "moe_intermediate": MOE_FAMILIES,
-    "shared_experts": _ROUTED,
+    "shared_experts": (*_ROUTED, "qwen3_5_moe"),
     "dense_layers": ("qwen3_moe", *_ROUTED),
     "sparse_step": ("qwen3_moe",),
     "expert_groups": _ROUTED,
@@ -75,17 +84,23 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "qk_rope_dim": _MLA,
     "qk_nope_dim": _MLA,
     "v_head_dim": _MLA,
-    "rotary_fraction": ("glm4_moe",),
-    "qk_norm": ("glm4_moe",),
+    "rotary_fraction": ("glm4_moe", "minimax"),
+    "qk_norm": ("glm4_moe", "minimax"),
     "sliding_window": ("gpt_oss", "exaone_moe"),
+    "linear_key_heads": _HYBRID,
+    "linear_value_heads": _HYBRID,
+    "linear_key_head_dim": _HYBRID,
+    "linear_value_head_dim": _HYBRID,
+    "full_attention_interval": _HYBRID,
 }
 POSITIVE_OPTIONS = (
     "intermediate", "head_dim", "experts", "experts_per_token", "moe_intermediate", "sparse_step",
     "shared_experts", "expert_groups", "groups_per_token", "kv_lora_rank", "qk_rope_dim",
-    "qk_nope_dim", "v_head_dim", "sliding_window",
+    "qk_nope_dim", "v_head_dim", "sliding_window", "linear_key_heads", "linear_value_heads",
+    "linear_key_head_dim", "linear_value_head_dim", "full_attention_interval",
 )  # fmt: skip
 DEEPSEEK_MAX_LAYERS = 61  # its sanitize() drops "model.layers.61*", DeepSeek-V3's MTP layer
-ROUTER_GROUP = 64  # qwen3_moe's and gpt_oss's quant_predicate: routers at 8 bits, groups of 64
+ROUTER_GROUP = 64  # the MoE families' quant_predicate: routers at 8 bits, groups of 64
 CONTEXT = 4096  # max_position_embeddings, as the tokenizer's model_max_length
 # Scaled-down YaRN as DeepSeek-V3 and gpt-oss ship it (factor 40 / 32 over 4096 there)
 YARN = {
@@ -161,6 +176,11 @@ class Shape:
     rotary_fraction: float
     qk_norm: bool
     sliding_window: int
+    linear_key_heads: int
+    linear_value_heads: int  # a multiple of linear_key_heads: each key head's group
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    full_attention_interval: int  # every Nth layer full attention, the others linear
 
 
 @dataclass(frozen=True)
@@ -195,12 +215,18 @@ class TinySpec:
     rotary_fraction: float | None = None
     qk_norm: bool | None = None
     sliding_window: int | None = None
+    linear_key_heads: int | None = None
+    linear_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    full_attention_interval: int | None = None
 
     def shape(self) -> Shape:
         """The sizes to build, defaults filled in: small, and every feature of the family on."""
         head = self.hidden // self.heads
         mla = max(2, head // 2 * 2)  # DeepSeek's latent sizes scale with the head size
         deepseek = self.family in ("deepseek_v3", "deepseek_v2", "deepseek_v32")
+        keys = _given(self.linear_key_heads, 2)  # Qwen3.5's linear attention: 2 value heads each
         return Shape(
             head_dim=_given(self.head_dim, head),
             intermediate=_given(self.intermediate, 2 * self.hidden),
@@ -220,6 +246,11 @@ class TinySpec:
             rotary_fraction=_given(self.rotary_fraction, 0.5),
             qk_norm=_given(self.qk_norm, True),
             sliding_window=_given(self.sliding_window, 32),
+            linear_key_heads=keys,
+            linear_value_heads=_given(self.linear_value_heads, 2 * keys),
+            linear_key_head_dim=_given(self.linear_key_head_dim, _given(self.head_dim, head)),
+            linear_value_head_dim=_given(self.linear_value_head_dim, _given(self.head_dim, head)),
+            full_attention_interval=_given(self.full_attention_interval, 2),
         )
 
     def check(self) -> None:
@@ -235,6 +266,8 @@ class TinySpec:
                 )
         s = self.shape()
         self._check_heads(s)
+        if self.family in _HYBRID:
+            self._check_linear(s)
         if self.family in MOE_FAMILIES:
             self._check_experts(s)
         if self.family == "deepseek_v32" and not s.q_lora_rank:
@@ -294,10 +327,28 @@ class TinySpec:
         if self.heads % self.kv_heads:
             raise InputError(f"--kv-heads {self.kv_heads} must divide --heads {self.heads}")
         rotary = int(s.head_dim * s.rotary_fraction)
-        if self.family == "glm4_moe" and (rotary < 2 or rotary % 2):
+        if self.family in ("glm4_moe", "minimax") and (rotary < 2 or rotary % 2):
             raise InputError(
                 f"--rotary-fraction {s.rotary_fraction} of head size {s.head_dim} gives "
                 f"{rotary} rotary dimensions: it must give an even number, at least 2"
+            )
+
+    def _check_linear(self, s: Shape) -> None:
+        if s.linear_value_heads % s.linear_key_heads:
+            raise InputError(
+                f"--linear-value-heads {s.linear_value_heads} must be a multiple of "
+                f"--linear-key-heads {s.linear_key_heads}"
+            )
+        if not 2 <= s.full_attention_interval <= self.layers:
+            raise InputError(  # mlx-lm reads the first of each kind's cache: both must exist
+                f"--full-attention-interval must be from 2 to --layers {self.layers} (got "
+                f"{s.full_attention_interval}): a linear and a full-attention layer at least"
+            )
+        rotary = int(s.head_dim * QWEN3_5_ROTARY)
+        if rotary < 2 or rotary % 2:
+            raise InputError(
+                f"the head size {s.head_dim} gives {rotary} rotary dimensions at Qwen3.5's "
+                f"{QWEN3_5_ROTARY}: make it a multiple of 8"
             )
 
     def _check_experts(self, s: Shape) -> None:
@@ -343,7 +394,8 @@ class TinySpec:
                 f"--group-size {self.group_size} must be 32, 64 or 128 and divide --hidden"
             )
         # mlx-lm's quant_predicate for these packs the router to 8 bits in groups of 64
-        if self.family in ("qwen3_moe", "gpt_oss") and self.hidden % ROUTER_GROUP:
+        routers = ("qwen3_moe", "gpt_oss", "qwen3_5_moe", "minimax")
+        if self.family in routers and self.hidden % ROUTER_GROUP:
             raise InputError(
                 f"--hidden {self.hidden} must be a multiple of {ROUTER_GROUP} to quantize "
                 f"{self.family}: mlx-lm quantizes its router in groups of {ROUTER_GROUP}"
@@ -357,17 +409,20 @@ class TinySpec:
         if self.family == "qwen3_moe":
             steps = range(s.sparse_step - 1, self.layers, s.sparse_step)
             return tuple(i for i in steps if i >= s.dense_layers)
-        start = 0 if self.family == "gpt_oss" else s.dense_layers
+        start = 0 if self.family in ("gpt_oss", "qwen3_5_moe", "minimax") else s.dense_layers
         return tuple(range(start, self.layers))
 
     def parameters(self) -> int:
         """How many weights the unquantized model has, the same count as mlx-lm's model."""
         s, h = self.shape(), self.hidden
         moe = len(self.moe_layers())
-        tied = self.family in ("qwen2", "qwen3")
+        tied = self.family in ("qwen2", "qwen3", "qwen3_5")
         per_layer = self._attention_parameters(s) + 2 * h  # + the two RMSNorms
         dense = 3 * h * s.intermediate
         total = self.layers * per_layer + moe * self._moe_parameters(s)
+        if self.family in _HYBRID:  # the linear layers hold a gated delta net instead
+            linear = sum((i + 1) % s.full_attention_interval != 0 for i in range(self.layers))
+            total += linear * (self._linear_parameters(s) - self._attention_parameters(s))
         total += (self.layers - moe) * dense
         return total + (1 if tied else 2) * self.vocab * h + h  # + the final norm
 
@@ -387,17 +442,34 @@ class TinySpec:
             return q + kv + latent + heads * s.v_head_dim * h
         q, kv = heads * s.head_dim, self.kv_heads * s.head_dim
         weights = 2 * h * q + 2 * h * kv
+        if self.family in _HYBRID:  # q_proj writes a gate per query; q and k norms
+            return weights + h * q + 2 * s.head_dim
+        if self.family == "minimax":  # its q and k norms span the whole projections
+            return weights + (q + kv) * s.qk_norm
         biases = {"qwen2": q + 2 * kv, "glm4_moe": q + 2 * kv, "gpt_oss": q + 2 * kv + h}
         qk_norm = self.family in ("qwen3", "qwen3_moe", "exaone_moe")
         qk_norm = qk_norm or (self.family == "glm4_moe" and s.qk_norm)
         sinks = heads if self.family == "gpt_oss" else 0
         return weights + biases.get(self.family, 0) + 2 * s.head_dim * qk_norm + sinks
 
+    def _linear_parameters(self, s: Shape) -> int:
+        """A gated delta net: in_proj_qkv (and its depthwise conv, 4 taps), in_proj_z,
+        in_proj_b/a, dt_bias and A_log per value head, the output norm and out_proj."""
+        h, nv = self.hidden, s.linear_value_heads
+        values = nv * s.linear_value_head_dim
+        conv = 2 * s.linear_key_heads * s.linear_key_head_dim + values
+        norm = s.linear_value_head_dim
+        return conv * (h + LINEAR_CONV) + 2 * h * values + 2 * h * nv + 2 * nv + norm
+
     def _moe_parameters(self, s: Shape) -> int:
         h, e, w = self.hidden, s.experts, s.moe_intermediate
         experts = 3 * e * h * w
         if self.family == "qwen3_moe":
             return h * e + experts
+        if self.family == "minimax":  # a router and its score correction bias
+            return h * e + e + experts
+        if self.family == "qwen3_5_moe":  # + the shared expert and its one-logit gate
+            return h * e + experts + 3 * h * w * s.shared_experts + h
         if self.family == "gpt_oss":  # router and every expert projection have biases
             return h * e + e + experts + 2 * e * w + e * h
         shared = 3 * h * w * s.shared_experts
@@ -444,6 +516,11 @@ def write_tiny_model(
     rotary_fraction: float | None = None,
     qk_norm: bool | None = None,
     sliding_window: int | None = None,
+    linear_key_heads: int | None = None,
+    linear_value_heads: int | None = None,
+    linear_key_head_dim: int | None = None,
+    linear_value_head_dim: int | None = None,
+    full_attention_interval: int | None = None,
 ) -> Path:
     """Write config, per-layer safetensors + index and tokenizer files into `directory`.
 
@@ -476,6 +553,11 @@ def write_tiny_model(
         rotary_fraction=rotary_fraction,
         qk_norm=qk_norm,
         sliding_window=sliding_window,
+        linear_key_heads=linear_key_heads,
+        linear_value_heads=linear_value_heads,
+        linear_key_head_dim=linear_key_head_dim,
+        linear_value_head_dim=linear_value_head_dim,
+        full_attention_interval=full_attention_interval,
     )
     spec.check()
     out = Path(directory)
@@ -560,7 +642,7 @@ def _model_config(spec: TinySpec, vocab_size: int, eos: int) -> dict[str, object
         "rope_theta": 10000.0,
         "max_position_embeddings": CONTEXT,
         # llama keeps a separate lm_head; qwen ties it to the embeddings: both paths get tested
-        "tie_word_embeddings": spec.family in ("qwen2", "qwen3"),
+        "tie_word_embeddings": spec.family in ("qwen2", "qwen3", "qwen3_5"),
         "eos_token_id": eos,
         "torch_dtype": "float32",
     }
@@ -574,11 +656,19 @@ def _model_config(spec: TinySpec, vocab_size: int, eos: int) -> dict[str, object
         "glm4_moe_lite": _glm4_moe_lite,
         "exaone_moe": _exaone_moe,
         "deepseek_v32": _deepseek_v32,
+        "qwen3_5": _qwen3_5,
+        "qwen3_5_moe": _qwen3_5,
+        "minimax": _minimax,
     }.get(spec.family)
     if family_keys is not None:  # the older dense families' files stay as they were
         config |= {"hidden_act": "silu"} | family_keys(spec, s)
     if spec.family in _MLA:  # MLA's head sizes are its own keys, as in DeepSeek's file
         del config["head_dim"]
+    if spec.family in _HYBRID:  # a multimodal checkpoint: the decoder's keys in text_config
+        top = ("model_type", "architectures", "tie_word_embeddings", "eos_token_id")
+        text = {k: v for k, v in config.items() if k not in top[:2]}
+        text["model_type"] = f"{spec.family}_text"
+        config = {k: config[k] for k in top} | {"text_config": text}
     return config
 
 
@@ -595,6 +685,38 @@ def _qwen3_moe(spec: TinySpec, s: Shape) -> dict[str, object]:
         "decoder_sparse_step": s.sparse_step,
         "mlp_only_layers": list(range(s.dense_layers)),
     }
+
+
+def _qwen3_5(spec: TinySpec, s: Shape) -> dict[str, object]:
+    """Qwen3.5: gated delta net layers with every full_attention_interval-th one gated full
+    attention (rotary on a quarter of the head, in rope_parameters); its MoE variant routes
+    every layer's experts, a gated shared expert beside them."""
+    config: dict[str, object] = {
+        "rms_norm_eps": 1e-6,
+        "linear_num_key_heads": s.linear_key_heads,
+        "linear_num_value_heads": s.linear_value_heads,
+        "linear_key_head_dim": s.linear_key_head_dim,
+        "linear_value_head_dim": s.linear_value_head_dim,
+        "linear_conv_kernel_dim": LINEAR_CONV,
+        "full_attention_interval": s.full_attention_interval,
+        "attn_output_gate": True,
+        "attention_bias": False,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": QWEN3_5_ROTARY,
+            "mrope_section": [2, 1, 1],
+        },
+    }
+    if spec.family == "qwen3_5_moe":
+        config |= {
+            "num_experts": s.experts,
+            "num_experts_per_tok": s.experts_per_token,
+            "moe_intermediate_size": s.moe_intermediate,
+            "shared_expert_intermediate_size": s.moe_intermediate * s.shared_experts,
+            "norm_topk_prob": True,
+        }
+    return config
 
 
 def _routed_experts(s: Shape) -> dict[str, object]:
@@ -727,6 +849,22 @@ def _glm4_moe(spec: TinySpec, s: Shape) -> dict[str, object]:
     }
 
 
+def _minimax(spec: TinySpec, s: Shape) -> dict[str, object]:
+    """MiniMax-M2: experts only (sigmoid scores, a correction bias), RMSNorms over the whole
+    query and key projections, rotary on part of each head."""
+    return {
+        "num_local_experts": s.experts,
+        "num_experts_per_tok": s.experts_per_token,
+        "intermediate_size": s.moe_intermediate,  # MiniMax's is the experts' width
+        "shared_intermediate_size": 0,
+        "rotary_dim": int(s.head_dim * s.rotary_fraction),
+        "use_qk_norm": s.qk_norm,
+        "scoring_func": "sigmoid",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 5000000.0,
+    }
+
+
 def _gpt_oss(spec: TinySpec, s: Shape) -> dict[str, object]:
     kinds = ("sliding_attention", "full_attention")
     return {
@@ -758,6 +896,8 @@ def _random_model(spec: TinySpec, config: dict[str, object]) -> nn.Module:
             new = rng.normal(0.0, 0.1, value.shape)
         elif name.endswith(".sinks"):  # gpt-oss: one attention logit per head, no value
             new = rng.normal(0.0, 1.0, value.shape)
+        elif name.endswith("conv1d.weight"):  # Qwen3.5's depthwise conv: fan-in is its taps
+            new = rng.normal(0.0, 1.5 / np.sqrt(value.shape[1]), value.shape)
         elif "embed_tokens" in name:  # small: with tied heads a large one makes each token
             new = rng.normal(0.0, 0.3, value.shape)  # predict itself forever
         elif "lm_head" in name:

@@ -10,8 +10,9 @@ from launcher.cli.options import DIRECTORY, SEED, Number
 
 # cluster/tiny_model.py's FAMILIES, repeated so that --help needs no MLX import (a test compares)
 FAMILIES = (
-    "llama", "qwen2", "qwen3", "ministral3", "qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss",
-    "deepseek_v2", "glm4_moe_lite", "exaone_moe", "deepseek_v32",
+    "llama", "qwen2", "qwen3", "ministral3", "qwen3_5", "qwen3_moe", "deepseek_v3", "glm4_moe",
+    "gpt_oss", "deepseek_v2", "glm4_moe_lite", "exaone_moe", "deepseek_v32", "qwen3_5_moe",
+    "minimax",
 )  # fmt: skip
 # Sane sizes for a model meant to be tiny; cluster/tiny_model.py also caps the total size.
 LAYERS = Number(int, 1, 256)
@@ -80,6 +81,17 @@ WINDOW = Number(int, 1, 1 << 20)
 )
 @click.option("--qk-norm/--no-qk-norm", default=None, help="glm4_moe: query/key norms [on]")
 @click.option("--sliding-window", type=WINDOW, default=None, help="gpt_oss [32]")
+@click.option(
+    "--linear-key-heads", type=HEADS, default=None, help="qwen3_5: linear attention's key heads [2]"
+)
+@click.option(
+    "--linear-value-heads", type=HEADS, default=None, help="qwen3_5: a multiple of them [2 x keys]"
+)
+@click.option("--linear-key-head-dim", type=HEAD_DIM, default=None, help="qwen3_5 [head]")
+@click.option("--linear-value-head-dim", type=HEAD_DIM, default=None, help="qwen3_5 [head]")
+@click.option(
+    "--full-attention-interval", type=LAYERS, default=None, help="qwen3_5: every Nth layer [2]"
+)
 def tiny_model(
     directory: Path,
     family: str,
@@ -108,6 +120,11 @@ def tiny_model(
     rotary_fraction: float | None,
     qk_norm: bool | None,
     sliding_window: int | None,
+    linear_key_heads: int | None,
+    linear_value_heads: int | None,
+    linear_key_head_dim: int | None,
+    linear_value_head_dim: int | None,
+    full_attention_interval: int | None,
 ) -> int:
     """Write a random-weight FAMILY model (split per layer, offline tokenizer) into DIRECTORY.
 
@@ -145,6 +162,11 @@ def tiny_model(
         rotary_fraction=rotary_fraction,
         qk_norm=qk_norm,
         sliding_window=sliding_window,
+        linear_key_heads=linear_key_heads,
+        linear_value_heads=linear_value_heads,
+        linear_key_head_dim=linear_key_head_dim,
+        linear_value_head_dim=linear_value_head_dim,
+        full_attention_interval=full_attention_interval,
     )
     quant = f", {quantize_bits}-bit" if quantize_bits else ""
     click.echo(f"wrote a tiny {family} model ({layers} layers, hidden {hidden}{quant}) to {out}")

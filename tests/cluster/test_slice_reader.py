@@ -124,10 +124,21 @@ FAMILIES: dict[str, dict[str, Any]] = {
                         "quantize_bits": 4, "group_size": 32},
     "deepseek_v3 4-bit": {"family": "deepseek_v3", "hidden": 128, "moe_intermediate": 96,
                           "quantize_bits": 4, "group_size": 32},
+    "qwen3_5": {"family": "qwen3_5", "heads": 8, "kv_heads": 2, "linear_key_heads": 4,
+                "linear_value_heads": 8},
+    "qwen3_5_moe 4-bit": {"family": "qwen3_5_moe", "hidden": 256, "heads": 8, "kv_heads": 2,
+                          "head_dim": 32, "linear_key_heads": 4, "linear_value_heads": 8,
+                          "linear_value_head_dim": 32, "moe_intermediate": 192,
+                          "quantize_bits": 4, "group_size": 64},
+    "minimax": {"family": "minimax", "heads": 8, "kv_heads": 2},
 }  # fmt: skip
 # The layers a share cuts; a summed layer's bias is not cut but zeroed off rank 0
 CUT = ("q_proj", "k_proj", "v_proj", "q_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-       "embed_q", "unembed_out")  # fmt: skip
+       "embed_q", "unembed_out", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+       "out_proj", "conv1d")  # fmt: skip
+CUT_VECTORS = (".sinks", ".dt_bias", ".A_log")  # per-head vectors: gpt-oss's, Qwen3.5's
+# Norms over the whole projection (MiniMax), cut with the heads; other families' are per head
+CUT_NORMS = {"minimax": ("q_norm", "k_norm")}
 ZEROED = ("o_proj.bias", "down_proj.bias")
 # What each family must show among the weights read, so the check above is not vacuous
 SHOWN = {
@@ -143,6 +154,13 @@ SHOWN = {
     "qwen3_moe 4-bit": ("self_attn.q_proj.scales", "switch_mlp.down_proj.biases"),
     "deepseek_v3 4-bit": ("embed_q.scales", "unembed_out.biases", "switch_mlp.down_proj.scales",
                           "shared_experts.up_proj.biases"),
+    "qwen3_5": ("linear_attn.in_proj_qkv.weight", "linear_attn.conv1d.weight",
+                "linear_attn.dt_bias", "linear_attn.A_log", "linear_attn.in_proj_b.weight",
+                "linear_attn.out_proj.weight", "self_attn.q_proj.weight"),
+    "qwen3_5_moe 4-bit": ("linear_attn.in_proj_z.scales", "linear_attn.out_proj.biases",
+                          "switch_mlp.down_proj.scales", "shared_expert.up_proj.biases"),
+    "minimax": ("self_attn.q_norm.weight", "self_attn.k_norm.weight",
+                "switch_mlp.gate_proj.weight"),
 }  # fmt: skip
 
 
@@ -190,7 +208,8 @@ def test_every_weight_a_share_cuts_is_read_from_the_files(
     got = _params(net)
     # a weight replaced by another array was cut (or zeroed): it must have been read
     replaced = {k for k, v in got.items() if v is not loaded[k]}
-    cut = {k for k in loaded if k.split(".")[-2] in CUT or k.endswith(".sinks")}
+    cuts = CUT + CUT_NORMS.get(name, ())
+    cut = {k for k in loaded if k.split(".")[-2] in cuts or k.endswith(CUT_VECTORS)}
     cut -= {k for k in cut if k.endswith(ZEROED)}
     assert refused == set()  # nothing the reader was asked for fell back to a whole read
     assert replaced - cut <= {k for k in loaded if k.endswith(ZEROED)}, sorted(replaced - cut)

@@ -1,4 +1,4 @@
-"""`mlx-cluster tiny-model --family F` for the mixture-of-experts families (and ministral3):
+"""`mlx-cluster tiny-model --family F` for the mixture-of-experts families (ministral3, qwen3_5):
 folders mlx-lm loads like the family's real checkpoints, with the logits of the model that was
 written, routers that pick different experts for different tokens, and any expert/head shape the
 options ask for."""
@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from cluster.tiny_model import (
+    _HYBRID,
     _MLA,
     FAMILIES,
     MARKER,
@@ -151,6 +152,30 @@ EXPECTED: dict[str, dict[str, object]] = {
         "index_head_dim": 16,
         "index_topk": 16,
     },
+    "qwen3_5_moe": {  # read through text_config, as its multimodal checkpoints nest them
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "full_attention_interval": 2,
+        "head_dim": 16,
+        "tie_word_embeddings": False,
+    },
+    "minimax": {
+        "architectures": ["MiniMaxM2ForCausalLM"],
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 64,
+        "shared_intermediate_size": 0,
+        "rotary_dim": 8,
+        "use_qk_norm": True,
+        "head_dim": 16,
+    },
 }
 
 
@@ -205,8 +230,10 @@ def count(model: nn.Module) -> int:
 def test_written_model_loads_with_the_logits_of_the_model_built(written: Path) -> None:
     config = json.loads((written / "config.json").read_text())
     family = config["model_type"]
-    assert {k: config.get(k) for k in EXPECTED[family]} == EXPECTED[family]
-    assert ("head_dim" in config) is (family not in _MLA)  # DeepSeek's file has none
+    assert ("text_config" in config) is (family in _HYBRID)
+    flat = {**config.get("text_config", {}), **config}
+    assert {k: flat.get(k) for k in EXPECTED[family]} == EXPECTED[family]
+    assert ("head_dim" in flat) is (family not in _MLA)  # DeepSeek's file has none
     arch = importlib.import_module(f"mlx_lm.models.{family}")
     required = {
         f.name
@@ -218,7 +245,7 @@ def test_written_model_loads_with_the_logits_of_the_model_built(written: Path) -
     model, tokenizer = load(written)
     assert len(model.layers) == 4
     out = logits(model, tokenizer, PROMPTS[1])
-    assert out.shape == (1, len(tokenizer.encode(PROMPTS[1])), config["vocab_size"])
+    assert out.shape == (1, len(tokenizer.encode(PROMPTS[1])), flat["vocab_size"])
     assert mx.all(mx.isfinite(out)).item()
     np.testing.assert_allclose(out, logits(in_memory(written), tokenizer, PROMPTS[1]), atol=1e-5)
     spec = TinySpec(**json.loads((written / MARKER).read_text()))
@@ -249,7 +276,8 @@ def test_routers_pick_different_experts_for_different_tokens(written: Path) -> N
     model, tokenizer = load(written)
     family = json.loads((written / "config.json").read_text())["model_type"]
     name = "router" if family == "gpt_oss" else "gate"
-    layer = next(x for x in model.layers if hasattr(x.mlp, name))  # the first MoE layer
+    block = "block_sparse_moe" if family == "minimax" else "mlp"
+    layer = next(x for x in model.layers if hasattr(x[block], name))  # the first MoE layer
     seen: list[Any] = []
 
     class Spy(nn.Module):
@@ -262,7 +290,7 @@ def test_routers_pick_different_experts_for_different_tokens(written: Path) -> N
             seen.append(out)
             return out
 
-    setattr(layer.mlp, name, Spy(getattr(layer.mlp, name)))
+    setattr(layer[block], name, Spy(getattr(layer[block], name)))
     logits(model, tokenizer, "Write a short poem about the sea, the wind and the mountains")
     # DeepSeek-style gates return (experts, scores); the others return the router's logits
     picks = seen[0][0] if isinstance(seen[0], tuple) else mx.argsort(-seen[0], axis=-1)[..., :2]
@@ -291,6 +319,8 @@ def test_same_seed_same_weights(tmp_path: Path, family: str) -> None:
         ("glm4_moe_lite", 8, 32),
         ("exaone_moe", 3, 64),
         ("deepseek_v32", 6, 32),
+        ("qwen3_5_moe", 4, 64),
+        ("minimax", 8, 32),
     ],
 )
 def test_quantized_model_loads(tmp_path: Path, family: str, bits: int, group: int) -> None:
@@ -300,15 +330,17 @@ def test_quantized_model_loads(tmp_path: Path, family: str, bits: int, group: in
     assert config["quantization"]["group_size"] == group
     index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     experts = "experts" if family == "gpt_oss" else "switch_mlp"
-    assert f"model.layers.3.mlp.{experts}.up_proj.scales" in index
+    layer = "language_model.model.layers.3" if family in _HYBRID else "model.layers.3"
+    mlp = f"{layer}.block_sparse_moe" if family == "minimax" else f"{layer}.mlp"
+    assert f"{mlp}.{experts}.up_proj.scales" in index
     router = "router" if family == "gpt_oss" else "gate"
-    if family in ("qwen3_moe", "gpt_oss"):  # the family's quant_predicate: 8 bits, groups of 64
-        entry = config["quantization"][f"model.layers.3.mlp.{router}"]
+    if family in ("qwen3_moe", "gpt_oss", "qwen3_5_moe", "minimax"):  # 8 bits, groups of 64
+        entry = config["quantization"][f"{mlp}.{router}"]
         assert entry == {"group_size": 64, "bits": 8}
-        assert f"model.layers.3.mlp.{router}.scales" in index
+        assert f"{mlp}.{router}.scales" in index
     else:  # DeepSeek's MoEGate is no Linear: it stays unquantized
-        assert f"model.layers.3.mlp.{router}.weight" in index
-        assert f"model.layers.3.mlp.{router}.scales" not in index
+        assert f"{mlp}.{router}.weight" in index
+        assert f"{mlp}.{router}.scales" not in index
 
     model, tokenizer = load(out)
     got = logits(model, tokenizer, PROMPTS[0])
@@ -332,6 +364,9 @@ def test_quantized_model_loads(tmp_path: Path, family: str, bits: int, group: in
         | {"qk_rope_dim": 6, "qk_nope_dim": 10, "v_head_dim": 12, "expert_groups": 1},
         {"family": "exaone_moe", "layers": 5, "heads": 6, "kv_heads": 3, "head_dim": 8}
         | {"sliding_window": 4, "dense_layers": 2, "shared_experts": 2},
+        {"family": "qwen3_5_moe", "layers": 5, "heads": 6, "kv_heads": 3, "head_dim": 8}
+        | {"linear_key_heads": 3, "linear_value_heads": 9, "linear_key_head_dim": 8}
+        | {"full_attention_interval": 3, "shared_experts": 2},
     ],
     ids=lambda options: options["family"],
 )
@@ -365,6 +400,15 @@ def test_options_shape_the_model(tmp_path: Path, options: dict[str, Any]) -> Non
         caches = [type(c).__name__ for c in model.make_cache()]
         assert caches == ["RotatingKVCache"] * 3 + ["KVCache", "RotatingKVCache"]
         assert model.layers[2].mlp.shared_experts.up_proj.weight.shape == (128, 64)
+    elif family == "qwen3_5_moe":  # every third layer full attention, every layer experts
+        caches = [type(c).__name__ for c in model.make_cache()]
+        assert caches == ["ArraysCache"] * 2 + ["KVCache"] + ["ArraysCache"] * 2
+        assert moe == [0, 1, 2, 3, 4]
+        linear = model.layers[0].linear_attn
+        assert linear.in_proj_qkv.weight.shape == (2 * 3 * 8 + 9 * 8, 64)  # values: head size
+        assert linear.in_proj_b.weight.shape == (9, 64)
+        assert model.layers[2].self_attn.q_proj.weight.shape == (2 * 6 * 8, 64)  # + the gate
+        assert model.layers[0].mlp.shared_expert.up_proj.weight.shape == (128, 64)
     else:
         kinds = ["sliding_attention", "full_attention", "sliding_attention"]
         assert config["layer_types"] == kinds
@@ -423,6 +467,16 @@ def test_parameters_counts_what_mlx_lm_builds(family: str, hidden: int) -> None:
         ({"family": "glm4_moe", "rotary_fraction": 1.5}, "--rotary-fraction must be in (0, 1]"),
         ({"family": "qwen3", "head_dim": 7}, "--head-dim must be even"),
         (
+            {"family": "qwen3_5", "linear_key_heads": 2, "linear_value_heads": 3},
+            "--linear-value-heads 3 must be a multiple of --linear-key-heads 2",
+        ),
+        ({"family": "qwen3_5", "full_attention_interval": 5}, "must be from 2 to --layers 4"),
+        ({"family": "qwen3_5", "full_attention_interval": 1}, "a linear and a full-attention"),
+        ({"family": "qwen3_5", "head_dim": 12}, "gives 3 rotary dimensions"),
+        ({"family": "qwen3", "linear_key_heads": 2}, "--linear-key-heads does not apply to"),
+        ({"family": "minimax", "intermediate": 64}, "--intermediate does not apply to minimax"),
+        ({"family": "minimax", "rotary_fraction": 0.1}, "gives 1 rotary dimensions"),
+        (
             {"family": "gpt_oss", "hidden": 96, "heads": 4, "quantize_bits": 4},
             "--hidden 96 must be a multiple of 64 to quantize gpt_oss",
         ),
@@ -469,3 +523,24 @@ def test_ministral3_loads_with_the_logits_of_the_model_built(tmp_path: Path) -> 
     got = logits(model, tokenizer, long_prompt)
     assert mx.all(mx.isfinite(got)).item()
     np.testing.assert_allclose(got, logits(in_memory(out), tokenizer, long_prompt), atol=1e-5)
+
+
+def test_qwen3_5_loads_with_the_logits_of_the_model_built(tmp_path: Path) -> None:
+    """Dense Qwen3.5: gated delta net layers (3 key heads of 2 value heads each) with a gated
+    full-attention layer every second one, the embeddings tied, its settings in text_config."""
+    out = write_tiny_model(
+        tmp_path / "m", "qwen3_5", heads=8, kv_heads=2, linear_key_heads=3, linear_value_heads=6
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    text = config["text_config"]
+    assert (text["model_type"], text["full_attention_interval"]) == ("qwen3_5_text", 2)
+    assert text["tie_word_embeddings"] is True and "lm_head" not in load(out)[0].language_model
+    model, tokenizer = load(out)
+    caches = [type(c).__name__ for c in model.make_cache()]
+    assert caches == ["ArraysCache", "KVCache"] * 2
+    spec = TinySpec(**json.loads((out / MARKER).read_text()))
+    assert count(model) == spec.parameters()
+    got = logits(model, tokenizer, " ".join(PROMPTS))
+    assert mx.all(mx.isfinite(got)).item()
+    np.testing.assert_allclose(got, logits(in_memory(out), tokenizer, " ".join(PROMPTS)), atol=1e-5)

@@ -2,7 +2,8 @@
 process: rank counts that do not divide the heads or widths, quantized widths in whole groups
 (4- and 8-bit, groups of 32 and 64, dense, MoE and MLA), the mixture-of-experts families, a
 plan's unequal shares given in the job, the real SmolLM2 (9 heads / 3 KV heads) over 2 ranks,
-and a share that does not fit the model refused at load."""
+a share that does not fit the model refused at load, Qwen3.5's linear attention cut by key heads
+beside its gated full attention, and MiniMax's q/k norms over the whole projections."""
 
 from __future__ import annotations
 
@@ -161,6 +162,61 @@ MODELS: dict[str, dict[str, Any]] = {
         "quantize_bits": 4,
         "group_size": 32,
     },
+    # Qwen3.5: gated delta net layers (4 key heads of 2 value heads each) and, every second
+    # layer, gated full attention (8 heads / 2 KV heads), over 3 ranks; dense and MoE
+    **{
+        name: {
+            "family": family,
+            "layers": 4,
+            "hidden": 128,
+            "heads": 8,
+            "kv_heads": 2,
+            "linear_key_heads": 4,
+            "linear_value_heads": 8,
+        }
+        for name, family in (("qwen3_5_8_2", "qwen3_5"), ("qwen3_5_moe_8_2", "qwen3_5_moe"))
+    },
+    # 16 heads / 4 KV heads: runs of gated heads across KV rows, through qwen3_next's attention
+    "qwen3_5_16_4": {
+        "family": "qwen3_5",
+        "layers": 4,
+        "hidden": 256,
+        "heads": 16,
+        "kv_heads": 4,
+        "linear_key_heads": 4,
+        "linear_value_heads": 8,
+    },
+    # MiniMax: q_norm / k_norm over the whole projections; 8 heads / 2 KV heads over 3 ranks
+    # hold KV head 1 twice, whose squares the k-norm must count once
+    "minimax_8_2": {"family": "minimax", "layers": 3, "hidden": 128, "heads": 8, "kv_heads": 2},
+    "minimax_16_4": {"family": "minimax", "layers": 3, "hidden": 256, "heads": 16, "kv_heads": 4},
+    "minimax_q4_g64": {
+        "family": "minimax",
+        "layers": 3,
+        "hidden": 256,
+        "heads": 8,
+        "kv_heads": 2,
+        "head_dim": 32,
+        "moe_intermediate": 192,
+        "quantize_bits": 4,
+        "group_size": 64,
+    },
+    # 4-bit groups of 64: a key head's values (2 x 32) and two attention heads (2 x 32) are a
+    # group of out_proj's / o_proj's columns; experts 3 groups wide
+    "qwen3_5_moe_q4_g64": {
+        "family": "qwen3_5_moe",
+        "layers": 4,
+        "hidden": 256,
+        "heads": 8,
+        "kv_heads": 2,
+        "head_dim": 32,
+        "linear_key_heads": 4,
+        "linear_value_heads": 8,
+        "linear_value_head_dim": 32,
+        "moe_intermediate": 192,
+        "quantize_bits": 4,
+        "group_size": 64,
+    },
 }
 WORST: dict[str, float] = {}  # test id -> worst logit difference (printed at the end)
 
@@ -268,6 +324,11 @@ def sizes(share: RankShare) -> tuple[int, ...]:
         ("exaone_moe", 3),
         ("ministral3_8_4", 3),
         ("deepseek_v32", 3),
+        ("qwen3_5_8_2", 3),
+        ("qwen3_5_moe_8_2", 3),
+        ("qwen3_5_moe_q4_g64", 3),
+        ("minimax_8_2", 3),
+        ("minimax_q4_g64", 3),
     ],
 )
 def test_uneven_shares_match_single_process(
@@ -287,6 +348,11 @@ def test_uneven_shares_match_single_process(
         "qwen3_moe_q4_g64": ("expert", [128, 128, 64]),
         "deepseek_v3_q8": ("expert", [64, 64, 32]),
         "deepseek_v2_q8": ("expert", [64, 64, 32]),
+        # linear attention's value columns: key heads of 2 x 16 (2 + 1 + 1) or 2 x 32 columns
+        "qwen3_5_8_2": ("linear", [64, 32, 32]),
+        "qwen3_5_moe_8_2": ("linear", [64, 32, 32]),
+        "qwen3_5_moe_q4_g64": ("linear", [128, 64, 64]),
+        "minimax_q4_g64": ("expert", [64, 64, 64]),
     }
     if name in whole_groups:
         width, want = whole_groups[name]
@@ -307,6 +373,7 @@ def test_uneven_shares_match_single_process(
         ("deepseek_v3", 1.2),
         ("deepseek_v2", None),  # kv_b_proj's rows for each rank's heads
         ("qwen3_q4_mlp7", None),  # 4-bit widths: too few bytes to show in the peak
+        ("qwen3_5_moe_8_2", None),  # 3 of 4 linear key heads on rank 0
     ],
 )
 def test_planned_unequal_shares_match_single_process(
@@ -342,7 +409,16 @@ def test_planned_unequal_shares_match_single_process(
 
 
 @pytest.mark.parametrize(
-    "name", ["llama_16_4", "gpt_oss_16_4", "qwen3_q4_16_4", "ministral3_16_4", "exaone_moe_16_4"]
+    "name",
+    [
+        "llama_16_4",
+        "gpt_oss_16_4",
+        "qwen3_q4_16_4",
+        "ministral3_16_4",
+        "exaone_moe_16_4",
+        "qwen3_5_16_4",
+        "minimax_16_4",
+    ],
 )
 def test_runs_of_heads_across_kv_rows_match_single_process(
     model: Callable[[str], Path], name: str

@@ -19,8 +19,10 @@ from topology.chips import BACKENDS
 from topology.errors import InputError
 from topology.model.spec import ModelSpec, spec_from_config
 from topology.planning.head_tiling import HeadGrid, run_blocks, tile_heads
+from topology.planning.placement import pipeline_loads
 from topology.planning.plan import Plan, plan_cluster
-from topology.planning.predict import tensor_seconds, tok_s
+from topology.planning.predict import stage_read_bytes, tensor_seconds, tok_s
+from topology.planning.serving import rank_kv_bytes_per_token
 from topology.planning.tensor_costs import (
     phase_seconds,
     rank_costs,
@@ -568,6 +570,24 @@ def test_new_families_split_over_ranks_that_divide_nothing(family: str) -> None:
     assert len({share.n_heads for share in lay.shares}) > 1  # really uneven
 
 
+def test_deepseek_v32s_indexer_is_counted_whole_on_every_rank_with_its_cache() -> None:
+    """V3.2's indexer (every layer) is held whole by every rank, and mlx-lm caches its keys beside
+    zeros as values: both count, in the weights and in the KV cache of every rank."""
+    s, plain = new_family("deepseek_v32"), new_family("deepseek_v32", index_n_heads=0)
+    per_layer = 1536 * 64 * 128 + 7168 * (128 + 64) + 2 * 128  # q map, key map, head weights
+    assert s.index_weights == per_layer and plain.index_weights == 0
+    # bf16 latent (512) + rope key (64) + the indexer's keys and zero values (2 x 128)
+    assert s.kv_bytes_per_token_per_layer == (512 + 64 + 256) * 2
+    assert s.kv_bytes_per_token == 48 * (512 + 64 + 256) * 2
+    context = 4096
+    lay, base = tensor_layout(s, [1.0] * 3, context), tensor_layout(plain, [1.0] * 3, context)
+    assert isinstance(lay, TensorLayout) and isinstance(base, TensorLayout)
+    pb = s.param_bytes(4) * s.scale
+    for got, had in zip(rank_costs(s, lay, context), rank_costs(plain, base, context), strict=True):
+        assert got.weight_bytes - had.weight_bytes == pytest.approx(48 * per_layer * pb, rel=1e-6)
+        assert got.kv_cache_bytes - had.kv_cache_bytes == pytest.approx(48 * 256 * 2 * context)
+
+
 def test_exaone_moe_reads_its_moe_layer_flags() -> None:
     s = new_family("exaone_moe")
     assert s.sparse_layers == tuple(range(1, 48)) and s.shared_intermediate == 2048
@@ -578,11 +598,162 @@ def test_exaone_moe_reads_its_moe_layer_flags() -> None:
 
 
 def test_a_family_on_mlx_lms_shard_still_needs_even_splits() -> None:
-    config = {"model_type": "minimax", "num_hidden_layers": 8, "vocab_size": 1000}
+    config = {"model_type": "step3p5", "num_hidden_layers": 8, "vocab_size": 1000}
     config |= {"hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 8}
     config |= {"intermediate_size": 1536, "num_local_experts": 8, "num_experts_per_tok": 2}
     s = spec_from_config(config)
     assert not s.uneven_supported
     assert tensor_layout(s, [1.0, 1.0, 1.0], 4096) == (
-        "attention heads (16) split evenly 3 ways (minimax has no uneven shards)"
+        "attention heads (16) split evenly 3 ways (step3p5 has no uneven shards)"
     )
+
+
+# --- Qwen3.5: linear attention cut in whole key heads ---------------------------------------
+
+# Shaped like Qwen3.5-35B-A3B at 4 bits, its decoder's keys nested in text_config as the
+# multimodal checkpoint has them: 30 gated delta net layers (16 key heads of 2 value heads)
+# and 10 gated full-attention ones (16 heads / 2 KV heads)
+QWEN3_5_TEXT: dict[str, Any] = {
+    "model_type": "qwen3_5_moe_text",
+    "num_hidden_layers": 40,
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "vocab_size": 248320,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 4,
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+}
+
+
+def qwen3_5(bits: int | None = 4, **text: Any) -> ModelSpec:
+    config: dict[str, Any] = {"model_type": "qwen3_5_moe", "tie_word_embeddings": False}
+    config["text_config"] = QWEN3_5_TEXT | text
+    if bits:
+        config["quantization"] = {"bits": bits, "group_size": 64}
+    return spec_from_config(config)
+
+
+def test_qwen3_5_reads_its_layers_from_text_config() -> None:
+    s = qwen3_5()
+    assert s.uneven_supported and s.is_hybrid
+    assert (s.layers, s.linear_layers, s.attention_layers) == (40, 30, 10)
+    assert [i for i in range(8) if not s.is_linear(i)] == [3, 7]
+    # a KV cache on the full-attention layers only; a fixed state on the linear ones
+    assert s.kv_bytes_per_token == 10 * 2 * 2 * 256 * 2
+    conv, recurrent = 3 * (2 * 128 + 2 * 128) * 2, 2 * 128 * 128 * 4  # per key head
+    assert s.linear_state_bytes_per_layer == 16 * (conv + recurrent)
+    assert widths_for(s) == {"expert": 512, "shared": 512, "linear": 32 * 128}
+
+
+@pytest.mark.parametrize(
+    ("weights", "keys"), [([1.0] * 3, [6, 5, 5]), ([3.0, 1.0], [12, 4]), ([1.0] * 8, [2] * 8)]
+)
+def test_qwen3_5_linear_key_heads_follow_the_weights(weights: list[float], keys: list[int]) -> None:
+    s = qwen3_5()
+    lay = tensor_layout(s, weights, 4096)
+    assert isinstance(lay, TensorLayout), lay
+    spans = [share.widths["linear"] for share in lay.shares]
+    assert [(b - a) // 256 for a, b in spans] == keys  # 2 value heads of 128 columns a key head
+    assert all(a % 256 == 0 for a, _ in spans)
+    assert spans[0][0] == 0 and spans[-1][1] == 4096
+    assert all(x[1] == y[0] for x, y in itertools.pairwise(spans))
+
+
+def test_qwen3_5_rank_memory_counts_its_own_linear_state() -> None:
+    s = qwen3_5()
+    context = 8192
+    lay = tensor_layout(s, [3.0, 1.0], context)
+    assert isinstance(lay, TensorLayout), lay
+    costs = rank_costs(s, lay, context)
+    conv, recurrent = 3 * (2 * 128 + 2 * 128) * 2, 2 * 128 * 128 * 4
+    kv_per_head = 2 * 256 * 2 * context  # keys and values, bf16, a full-attention layer
+    for share, cost in zip(lay.shares, costs, strict=True):
+        keys = share.width("linear") // 256
+        want = share.n_kv * kv_per_head * 10 + keys * (conv + recurrent) * 30
+        assert cost.kv_cache_bytes == pytest.approx(want)
+    # each key head's state is held once (no replicas): the ranks' states add up to the model's
+    held = sum(c.kv_cache_bytes for c in costs) - sum(
+        sh.n_kv * kv_per_head * 10 for sh in lay.shares
+    )
+    assert held == pytest.approx(30 * s.linear_state_bytes_per_layer)
+    # the heavier rank holds and reads more of the linear layers too
+    assert costs[0].weight_bytes > costs[1].weight_bytes
+    assert costs[0].attention_read > costs[1].attention_read
+
+
+@pytest.mark.parametrize(
+    ("text", "n", "says"),
+    [
+        ({}, 17, "at least 17 linear-attention key heads (the model has 16)"),
+        # 64-column groups over key heads of 32 value columns: pairs of key heads, 8 of them
+        (
+            {"linear_num_value_heads": 16, "linear_value_head_dim": 32, "num_attention_heads": 32},
+            9,
+            "linear-attention key heads in whole quantization groups of 64 columns "
+            "(16 heads of 32)",
+        ),
+    ],
+)
+def test_qwen3_5_linear_heads_that_cannot_split_say_so_in_one_line(
+    text: dict[str, Any], n: int, says: str
+) -> None:
+    lay = tensor_layout(qwen3_5(**text), [1.0] * n, 4096)
+    assert lay == says
+
+
+def test_qwen3_5_plans_tensor_over_three_ultras_and_round_trips() -> None:
+    s = qwen3_5()
+    plan = plan_cluster(check(ultras3().facts()), s, strategy="tensor")
+    assert plan.ok and plan.strategy == "tensor" and plan.world_size == 3, plan
+    raw = json.loads(json.dumps(plan.to_json()))
+    keys = [r["linear_width"] // 256 for r in raw["ranks"]]
+    assert sum(keys) == 16 and max(keys) - min(keys) <= 1
+    assert all("linear" in r["tensor_share"] for r in raw["ranks"])
+    assert Plan.from_json(raw).to_json() == raw
+
+
+def test_qwen3_5_pipeline_stages_count_a_kv_cache_only_where_layers_have_one() -> None:
+    """A pipeline stage holds a KV cache for its full-attention layers and a fixed state for its
+    linear ones; the prefix cache's bytes per token count only the former."""
+    s = qwen3_5()
+    context = 8192
+    loads = pipeline_loads(s, [20, 20], context)  # rank 0: layers 20-39, rank 1: 0-19
+    kv_layer, state = 2 * 2 * 256 * 2 * context, s.linear_state_bytes_per_layer
+    assert [load.kv_cache_bytes for load in loads] == [5 * kv_layer + 15 * state] * 2
+    assert (
+        sum(load.kv_cache_bytes for load in loads) < s.kv_bytes_per_token_per_layer * 40 * context
+    )
+    # a stage's reads a token: its active weights, its KV over the context, its states twice
+    weights = sum(c.active for c in s.layer_costs()[0:20])
+    assert stage_read_bytes(s, (0, 20), context) == weights + 5 * kv_layer + 30 * state
+    plan = plan_cluster(check(ultras3().facts()), s, strategy="pipeline")
+    assert plan.ok, plan
+    per_token = [rank_kv_bytes_per_token(plan, r, s) for r in plan.ranks]
+    attention = [sum(not s.is_linear(i) for i in range(*r.layers)) for r in plan.ranks]
+    assert per_token == [n * s.kv_bytes_per_token_per_layer for n in attention]
+
+
+def test_minimax_m2_splits_over_ranks_that_divide_nothing() -> None:
+    """MiniMax-M2's shape (48 heads / 8 KV heads, experts only): its whole-width q/k norms are
+    cut with the heads (cluster/tensor_shards.py), so any rank count the heads allow."""
+    config = {"model_type": "minimax_m2", "num_hidden_layers": 62, "vocab_size": 200064}
+    config |= {"hidden_size": 3072, "num_attention_heads": 48, "num_key_value_heads": 8}
+    config |= {"head_dim": 128, "intermediate_size": 1536, "shared_intermediate_size": 0}
+    config |= {"num_local_experts": 256, "num_experts_per_tok": 8}
+    config |= {"quantization": {"bits": 4, "group_size": 64}}
+    s = spec_from_config(config)
+    assert s.uneven_supported and widths_for(s) == {"expert": 1536}
+    lay = tensor_layout(s, [1.0] * 5, 4096)
+    assert isinstance(lay, TensorLayout), lay
+    heads = sorted(h for share in lay.shares for h in share.heads(lay.grid))
+    assert heads == list(range(48))
+    assert len({share.n_heads for share in lay.shares}) > 1  # really uneven

@@ -29,11 +29,16 @@ LIMITS: dict[str, tuple[int, int]] = {
     "shared_expert_intermediate_size": (0, _K * _K),
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), (0, 64 * _K)),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), (0, 4 * _K)),
+    **dict.fromkeys(("index_n_heads", "index_head_dim"), (0, 4 * _K)),
     "bits": (1, 8),  # quantized weights; unquantized models have no `quantization`
     "group_size": (1, 4 * _K),
     "max_position_embeddings": (1, 16 * _K * _K),
     "first_k_dense_replace": (0, _K),
     **dict.fromkeys(("moe_layer_freq", "decoder_sparse_step"), (1, _K)),
+    **dict.fromkeys(("linear_num_key_heads", "linear_num_value_heads"), (1, 4 * _K)),
+    **dict.fromkeys(("linear_key_head_dim", "linear_value_head_dim"), (1, 4 * _K)),
+    "linear_conv_kernel_dim": (1, 64),
+    "full_attention_interval": (1, _K),
 }
 MAX_INDEX_BYTES = 1 << 46  # 64 TiB: a safetensors index total beyond any model
 

@@ -55,10 +55,20 @@ def _attention(spec: ModelShape) -> tuple[float, float]:
         kv_a = h * (rank + spec.qk_rope_head_dim) + rank  # + its norm
         kv_b = rank * spec.heads * (spec.qk_nope_head_dim + spec.v_head_dim)
         o = spec.heads * spec.v_head_dim * h
-        return q_sharded + kv_b + o, q_repl + kv_a
+        return q_sharded + kv_b + o, q_repl + kv_a + spec.index_weights  # V3.2's indexer whole
     q = h * spec.heads * spec.head_dim
     kv = 2 * h * spec.kv_heads * spec.head_dim
-    return 2 * q + kv, 0
+    gate = q if spec.is_hybrid else 0  # Qwen3.5's q_proj also writes a gate per head
+    return 2 * q + gate + kv, 0
+
+
+def _linear_attention(spec: ModelShape) -> tuple[float, float]:
+    """(quantized, unquantized) weight counts of one gated delta net layer, all of it cut by
+    key heads (its output norm, one value head wide, is negligible)."""
+    return (
+        spec.linear_key_heads * spec.linear_head_weights,
+        spec.linear_key_heads * spec.linear_head_vectors,
+    )
 
 
 def router_bits(spec: ModelShape) -> int:
@@ -74,6 +84,8 @@ def estimate_layers(spec: ModelShape) -> tuple[LayerCost, ...]:
     norm_bytes = 2 * spec.hidden * spec.dtype_bytes  # input + post-attention RMSNorm
     attn_sharded, attn_repl = _attention(spec)
     attn_sharded_b = attn_sharded * qb
+    lin_weights, lin_vectors = _linear_attention(spec)
+    lin_b = lin_weights * qb + lin_vectors * spec.dtype_bytes
     # Small norm vectors inside MLA (q_a/kv_a layernorms) are counted as weights: negligible.
     attn_repl_b = attn_repl * qb + norm_bytes
     sparse = set(spec.sparse_layers)
@@ -92,5 +104,6 @@ def estimate_layers(spec: ModelShape) -> tuple[LayerCost, ...]:
             repl = attn_repl_b + router_b
         else:
             mlp, mlp_active, repl = dense_b, dense_b, attn_repl_b
-        costs.append(LayerCost(attn_sharded_b + mlp, repl, attn_sharded_b + mlp_active, repl))
+        attn = lin_b if spec.is_linear(i) else attn_sharded_b
+        costs.append(LayerCost(attn + mlp, repl, attn + mlp_active, repl))
     return tuple(costs)

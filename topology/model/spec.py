@@ -32,7 +32,7 @@ TENSOR_FAMILIES = frozenset(
     {
         "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "deepseek_v2",
         "deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm4_moe_lite", "gpt_oss",
-        "minimax", "minimax_m2", "ministral3", "exaone_moe", "step3p5",
+        "minimax", "minimax_m2", "ministral3", "exaone_moe", "step3p5", "qwen3_5_moe",
     }
 )  # fmt: skip
 # Families whose layers cluster/tensor_shards.py cuts in any share; the rest of TENSOR_FAMILIES
@@ -53,6 +53,10 @@ UNEVEN_FAMILIES = frozenset(
         "glm4_moe_lite",
         "exaone_moe",
         "deepseek_v32",
+        "qwen3_5",
+        "qwen3_5_moe",  # mlx-lm's own module, its Model a qwen3_5 one
+        "minimax",
+        "minimax_m2",  # mlx-lm runs it as minimax
     }
 )
 # Families mlx-lm 0.32 pipelines (PipelineMixin) or cluster/pipeline_stage.py runs as stages.
@@ -60,6 +64,7 @@ PIPELINE_FAMILIES = frozenset(
     {
         "llama", "mistral", "qwen3", "qwen2", "qwen3_5", "qwen3_moe", "qwen3_next", "deepseek_v2",
         "deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm4_moe_lite", "ministral3",
+        "qwen3_5_moe",
     }
 )  # fmt: skip
 KV_CACHE_DTYPE_BYTES = 2  # mlx-lm caches keys/values in the activation dtype (bf16/fp16)
@@ -158,12 +163,32 @@ class ModelSpec(ModelShape):
         # Keys and values are cached in the activations' dtype: a float32 model's take 4 bytes.
         size = max(KV_CACHE_DTYPE_BYTES, self.dtype_bytes)
         if self.is_mla:  # MLA caches the compressed latent and the rope key only
-            return ((self.kv_lora_rank or 0) + self.qk_rope_head_dim) * size
+            # (+ V3.2's indexer keys, which mlx-lm caches beside zeros as their values)
+            latent = (self.kv_lora_rank or 0) + self.qk_rope_head_dim + self.index_cache_dim
+            return latent * size
         return 2 * self.kv_heads * self.head_dim * size
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.kv_bytes_per_token_per_layer * self.layers
+        # linear-attention layers keep a fixed-size state, no cache that grows with the context
+        return self.kv_bytes_per_token_per_layer * self.attention_layers
+
+    @property
+    def linear_state_bytes_per_layer(self) -> int:
+        """A linear-attention layer's whole state for one sequence (0 without such layers)."""
+        size = max(KV_CACHE_DTYPE_BYTES, self.dtype_bytes)
+        return self.linear_key_heads * self.linear_state_bytes(size) if self.is_hybrid else 0
+
+    def layer_cache_bytes(self, layer: int, context: int) -> int:
+        """One sequence's cache in this layer at `context` tokens: its KV cache, or a
+        linear-attention layer's fixed-size state."""
+        if self.is_linear(layer):
+            return self.linear_state_bytes_per_layer
+        return self.kv_bytes_per_token_per_layer * context
+
+    def cache_bytes(self, start: int, end: int, context: int) -> int:
+        """One sequence's cache over layers [start, end) at `context` tokens."""
+        return sum(self.layer_cache_bytes(i, context) for i in range(start, end))
 
     def weight_bytes_at(self, bits: int) -> int:
         """Rough total if the model were quantized to `bits` instead (for fix suggestions)."""
@@ -189,6 +214,9 @@ def spec_from_config(
     """Read a config.json dict (+ safetensors index dict); InputError on anything malformed."""
     if not isinstance(config, Mapping):
         raise InputError(f"{source}: must be a JSON object")
+    text = config.get("text_config")
+    if isinstance(text, Mapping):  # a multimodal checkpoint (Qwen3.5): the decoder's settings
+        config = {**text, **config}  # the top level wins, as cluster/load.py reads it
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise InputError(f"{source}: model_type: missing (is this a model's config.json?)")
@@ -244,8 +272,11 @@ def spec_from_config(
         qk_rope_head_dim=_int(config, source, "qk_rope_head_dim", default=0),
         qk_nope_head_dim=_int(config, source, "qk_nope_head_dim", default=0),
         v_head_dim=_int(config, source, "v_head_dim", default=0),
+        index_heads=_int(config, source, "index_n_heads", default=0),
+        index_head_dim=_int(config, source, "index_head_dim", default=0),
         index_total_bytes=index_total(index, source),
         max_context=_int(config, source, "max_position_embeddings", default=0) or None,
+        **_linear_attention(config, source),
     )
     if spec.experts and spec.experts_per_token > spec.experts:
         raise InputError(
@@ -255,6 +286,27 @@ def spec_from_config(
     if spec.is_moe and not (spec.moe_intermediate or spec.intermediate):
         raise InputError(f"{source}: moe_intermediate_size: missing for a mixture-of-experts model")
     return spec
+
+
+def _linear_attention(config: Mapping[str, Any], source: str) -> dict[str, int]:
+    """Gated delta net sizes (Qwen3.5, Qwen3-Next), with mlx-lm's defaults; {} without."""
+    if config.get("linear_num_key_heads") is None:
+        return {}
+    key_heads = _int(config, source, "linear_num_key_heads")
+    value_heads = _int(config, source, "linear_num_value_heads", default=key_heads)
+    if value_heads % key_heads:
+        raise InputError(
+            f"{source}: linear_num_value_heads: {value_heads} is not a multiple of "
+            f"linear_num_key_heads {key_heads}"
+        )
+    return {
+        "linear_key_heads": key_heads,
+        "linear_value_heads": value_heads,
+        "linear_key_head_dim": _int(config, source, "linear_key_head_dim", default=192),
+        "linear_value_head_dim": _int(config, source, "linear_value_head_dim", default=128),
+        "linear_conv_kernel": _int(config, source, "linear_conv_kernel_dim", default=4),
+        "full_attention_interval": _int(config, source, "full_attention_interval", default=4),
+    }
 
 
 def _moe_layers(config: Mapping[str, Any], source: str, layers: int) -> tuple[int, ...]:

@@ -74,7 +74,7 @@ def pipeline_loads(spec: ModelSpec, split: Sequence[int], context: int) -> list[
         start = sum(split[r + 1 :])
         end = start + count
         weights = sum(c.total for c in costs[start:end]) + spec.outside_layers_bytes
-        kv = spec.kv_bytes_per_token_per_layer * count * context
+        kv = spec.cache_bytes(start, end, context)
         loads.append(RankLoad((start, end), int(weights), int(kv)))
     return loads
 
@@ -102,8 +102,10 @@ def split_layers(spec: ModelSpec, slots: Sequence[Slot], context: int) -> list[i
     When rounding to whole layers overfills a rank, a greedy fill is tried instead.
     """
     n, total_layers = len(slots), spec.layers
-    kv_layer = spec.kv_bytes_per_token_per_layer * context
-    costs = [c.total * (1 + HEADROOM_FRACTION) + kv_layer for c in spec.layer_costs()]
+    costs = [
+        c.total * (1 + HEADROOM_FRACTION) + spec.layer_cache_bytes(i, context)
+        for i, c in enumerate(spec.layer_costs())
+    ]
     fixed = spec.outside_layers_bytes * (1 + HEADROOM_FRACTION) + HEADROOM_BYTES
     known = [s.usable_bytes - fixed for s in slots if s.usable_bytes is not None]
     guess = sum(known) / len(known) if known else 1.0  # unknown memory: like the others

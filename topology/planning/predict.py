@@ -32,7 +32,10 @@ def stage_read_bytes(spec: ModelSpec, layers: tuple[int, int], context: int) -> 
     """Bytes a pipeline stage reads per token for its layers [start, end) (head excluded)."""
     start, end = layers
     weights = sum(c.active for c in spec.layer_costs()[start:end])
-    return weights + spec.kv_bytes_per_token_per_layer * (end - start) * context
+    linear = sum(spec.is_linear(i) for i in range(start, end))
+    # a KV cache is read over the context; a linear-attention state is read and written whole
+    caches = spec.cache_bytes(start, end, context) + linear * spec.linear_state_bytes_per_layer
+    return weights + caches
 
 
 PREFILL_CHUNK = 512  # rows a prefill step runs (and the microbenchmark's largest row count)

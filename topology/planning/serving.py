@@ -37,7 +37,8 @@ def rank_kv_bytes_per_token(plan: Plan, rank: RankPlan, spec: ModelSpec) -> int:
     KV heads (replicas counted; MLA's latent is whole on every rank)."""
     if plan.strategy == "tensor" and rank.tensor_share is not None:  # its own KV heads' cache
         return -(-rank.kv_cache_bytes // plan.context)
-    layers = rank.layers[1] - rank.layers[0]
+    start, end = rank.layers
+    layers = sum(not spec.is_linear(i) for i in range(start, end))  # a linear state is fixed
     ways = len(plan.ranks) if plan.strategy == "tensor" and not spec.is_mla else 1
     return -(-spec.kv_bytes_per_token_per_layer * layers // ways)  # rounded up: never over
 

@@ -8,6 +8,7 @@ topology/model/layout.py's estimate, scaled to the safetensors index like the re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,21 +34,25 @@ def _head_elements(spec: ModelSpec) -> tuple[int, int]:
         q_in = spec.q_lora_rank or h
         latent = (spec.kv_lora_rank or 0) * (spec.qk_nope_head_dim + spec.v_head_dim)
         return q_in * q_dim + latent + spec.v_head_dim * h, 0
-    return 2 * h * spec.head_dim, 2 * h * spec.head_dim
+    q = (3 if spec.is_hybrid else 2) * h * spec.head_dim  # Qwen3.5: a gate row per query row
+    return q, 2 * h * spec.head_dim
 
 
 def _mla_whole(spec: ModelSpec, pb: float) -> float:
-    """MLA's q_a and kv_a down-projections: whole on every rank (bytes a layer)."""
+    """MLA's q_a and kv_a down-projections (and V3.2's indexer): whole on every rank (bytes a
+    layer)."""
     if not spec.is_mla:
         return 0.0
     h, latent = spec.hidden, spec.kv_lora_rank or 0
-    return (h * (spec.q_lora_rank or 0) + h * (latent + spec.qk_rope_head_dim)) * pb
+    whole = h * (spec.q_lora_rank or 0) + h * (latent + spec.qk_rope_head_dim)
+    return (whole + spec.index_weights) * pb
 
 
 def _cache_per_kv(spec: ModelSpec) -> int:
     """KV cache bytes per token of context per KV head held (MLA: its whole latent cache)."""
-    if spec.is_mla:
-        return ((spec.kv_lora_rank or 0) + spec.qk_rope_head_dim) * _cache_size(spec)
+    if spec.is_mla:  # + V3.2's indexer keys (and the zeros mlx-lm keeps as their values)
+        latent = (spec.kv_lora_rank or 0) + spec.qk_rope_head_dim + spec.index_cache_dim
+        return latent * _cache_size(spec)
     return 2 * spec.head_dim * _cache_size(spec)
 
 
@@ -83,7 +88,29 @@ def widths_for(spec: ModelSpec) -> dict[str, int]:
     if spec.is_moe:
         widths["expert"] = spec.moe_intermediate or spec.intermediate
         widths["shared"] = spec.shared_intermediate
+    if spec.is_hybrid and spec.linear_layers:  # cut in whole key heads (linear_unit)
+        widths["linear"] = spec.linear_value_heads * spec.linear_value_head_dim
     return {name: w for name, w in widths.items() if w}
+
+
+def linear_unit(spec: ModelSpec) -> int:
+    """The value columns a linear-attention share grows by: whole key heads, and (quantized)
+    whole groups of out_proj's input columns."""
+    group = spec.group_size if spec.bits < 16 and spec.group_size else 1
+    return math.lcm(spec.linear_head_columns, group)
+
+
+def _linear_blocker(spec: ModelSpec, n: int) -> str | None:
+    """What keeps linear attention from splitting n ways, or None."""
+    unit = linear_unit(spec)
+    if spec.linear_value_heads * spec.linear_value_head_dim // unit >= n:
+        return None
+    if unit == spec.linear_head_columns:
+        return f"at least {n} linear-attention key heads (the model has {spec.linear_key_heads})"
+    return (
+        f"linear-attention key heads in whole quantization groups of {spec.group_size} columns "
+        f"({spec.linear_key_heads} heads of {spec.linear_head_columns})"
+    )
 
 
 def even_blocker(spec: ModelSpec, n: int) -> str | None:
@@ -109,7 +136,13 @@ def tensor_layout(spec: ModelSpec, weights: Sequence[float], context: int) -> Te
         if blocker:
             return blocker
         weights = [1.0] * len(weights)
-    return layout(grid_for(spec, context), widths, dict.fromkeys(widths, unit), weights)
+    units = dict.fromkeys(widths, unit)
+    if "linear" in widths:
+        units["linear"] = linear_unit(spec)
+        blocker = _linear_blocker(spec, len(weights))
+        if blocker:
+            return blocker
+    return layout(grid_for(spec, context), widths, units, weights)
 
 
 @dataclass(frozen=True)
@@ -117,7 +150,7 @@ class RankCost:
     """What one rank of a layout holds and reads per token."""
 
     weight_bytes: float  # held: its share of every layer plus what every rank holds
-    kv_cache_bytes: float  # its KV heads' cache at the context
+    kv_cache_bytes: float  # its KV heads' cache at the context (+ its linear-attention state)
     attention_read: float  # bytes read per token in the attention phases (all layers)
     mlp_read: float  # ... in the MLP / expert phases (all layers)
     outside_read: float  # embedding row, LM head, final norm
@@ -139,30 +172,42 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
     sparse = len(spec.sparse_layers)
     dense = spec.layers - sparse
     router = spec.experts * h * spec.param_bytes(router_bits(spec)) * spec.scale
+    full, lin = spec.attention_layers, spec.linear_layers
     out = []
     for share in lay.shares:
-        attn = share.n_heads * q * pb + share.n_kv * kv * pb + mla_shared + norms
+        attn = share.n_heads * q * pb + share.n_kv * kv * pb + mla_shared
         cache = share.n_kv * _cache_per_kv(spec)
+        # linear attention (Qwen3.5): its key heads' weights and fixed-size state, per layer
+        keys = share.width("linear") // spec.linear_head_columns if spec.is_hybrid else 0
+        vectors = spec.linear_head_vectors * spec.dtype_bytes * spec.scale
+        lin_w = keys * (spec.linear_head_weights * pb + vectors)
+        state = keys * spec.linear_state_bytes(_cache_size(spec))
+        # the state's products: a key x value outer product and two reads a value head
+        state_flops = 6 * keys * spec.linear_group * spec.linear_value_head_dim
+        state_flops *= spec.linear_key_head_dim
         mlp = 3 * h * share.width("mlp") * pb
         expert = 3 * h * share.width("expert") * pb
         shared = 3 * h * share.width("shared") * pb
-        held = spec.layers * attn + dense * mlp + sparse * (spec.experts * expert + shared + router)
+        held = full * attn + lin * lin_w + spec.layers * norms
+        held += dense * mlp + sparse * (spec.experts * expert + shared + router)
         read_mlp = dense * mlp + sparse * (spec.experts_per_token * expert + shared + router)
         # a multiply-add per weight read, plus the scores and values over the context
         scores = 4 * share.n_heads * _score_dim(spec) * context
         flops = (
-            spec.layers * (2 * (attn - norms) / pb + scores),
+            full * (2 * attn / pb + scores) + lin * (2 * lin_w / pb + state_flops),
             2 * read_mlp / pb,
             2 * spec.outside_layers_active_bytes / pb,
         )
         out.append(
             RankCost(
                 weight_bytes=held + spec.outside_layers_bytes,
-                kv_cache_bytes=cache * spec.layers * context,
-                attention_read=spec.layers * (attn + cache * context),
+                kv_cache_bytes=cache * full * context + lin * state,
+                attention_read=full * (attn + cache * context)
+                + lin * (lin_w + 2 * state)  # the state is read and written a token
+                + spec.layers * norms,
                 mlp_read=read_mlp,
                 outside_read=spec.outside_layers_active_bytes,
-                extra_calls=(len(share.blocks) - 1) * spec.layers,
+                extra_calls=(len(share.blocks) - 1) * full,
                 flops=flops,
             )
         )

@@ -16,7 +16,9 @@ from typing import Any
 from topology.errors import InputError
 from topology.planning.head_tiling import Blocks, HeadGrid, tile_heads
 
-WIDTHS = ("mlp", "expert", "shared")  # dense MLP, each routed expert, the shared expert(s)
+# dense MLP, each routed expert, the shared expert(s), and linear attention's value columns
+# (Qwen3.5's gated delta net, cut in whole key heads: each carries its group of value heads)
+WIDTHS = ("mlp", "expert", "shared", "linear")
 MAX_BLOCKS = 3  # attention calls per rank (head_tiling.run_blocks)
 
 
@@ -25,7 +27,7 @@ class RankShare:
     """One rank's slice of every layer."""
 
     blocks: Blocks  # attention: rectangles of the grid, one GQA call each
-    widths: Mapping[str, tuple[int, int]]  # "mlp" / "expert" / "shared": columns [start, end)
+    widths: Mapping[str, tuple[int, int]]  # "mlp" / "expert" / "shared" / "linear": [start, end)
 
     def heads(self, grid: HeadGrid) -> list[int]:
         """Query head indices in the order the rank holds them (block by block, KV head by

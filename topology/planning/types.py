@@ -199,7 +199,10 @@ def _rank(i: int, r: Any) -> RankPlan:
     )
 
 
-_SUMMARY = ("heads", "kv_heads", "attention_calls", "mlp_width", "expert_width", "shared_width")
+_SUMMARY = (
+    "heads", "kv_heads", "attention_calls", "mlp_width", "expert_width", "shared_width",
+    "linear_width",
+)  # fmt: skip
 
 
 def _summary(r: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -226,8 +229,11 @@ def _share(value: Any, key: str) -> dict[str, Any] | None:
     """A tensor share's shape (the rank checks its ranges against the model)."""
     if value is None:
         return None
-    if not isinstance(value, Mapping) or set(value) - {"attention", "mlp", "expert", "shared"}:
-        raise ValueError(f"{key}: must be an object of attention blocks and mlp, expert, shared")
+    widths = {"mlp", "expert", "shared", "linear"}  # linear: Qwen3.5's linear attention
+    if not isinstance(value, Mapping) or set(value) - {"attention", *widths}:
+        raise ValueError(
+            f"{key}: must be an object of attention blocks and mlp, expert, shared, linear"
+        )
     out: dict[str, Any] = {}
     for name, span in value.items():
         if name == "attention":
