@@ -20,6 +20,9 @@ heads' conv taps, gates and decay parameters, so its recurrent state is its own 
 full-attention layers are cut as any other, q_proj's query-then-gate rows of a head kept together.
 MiniMax's q_norm / k_norm span the whole projections: each rank keeps its heads' norm weights and
 all-sums its squares (WidthNorm), a KV head held by several ranks counted on one of them.
+Step-3.5's sliding layers may have head counts of their own: the grid then carries theirs
+(HeadGrid.other) and the share its blocks of them (RankShare.other), which those layers are cut
+by; its g_proj writes one gate logit per query head, so its rows follow the heads.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from topology.errors import InputError
 from topology.planning.tensor_shares import HeadGrid, RankShare
 
 Span = tuple[int, int]
+SHARED = ("shared_experts", "shared_expert", "share_expert")  # the families' names for it
 
 
 class SumOut(nn.Module):
@@ -120,6 +124,9 @@ def shard_model(
     for layer in net.model.layers:
         if getattr(layer, "is_linear", False):  # Qwen3.5's gated delta net
             _linear_attention(layer.linear_attn, share.widths["linear"], group, rank, src)
+        elif grid.other is not None and getattr(layer.self_attn, "is_sliding", False):
+            # Step-3.5's sliding layer with head counts of its own: its own blocks of them
+            _attention(layer.self_attn, share.kind(True), grid.other, group, rank, src)
         else:
             _attention(layer.self_attn, share, grid, group, rank, src)
         mlp = layer.mlp if "mlp" in layer else layer.block_sparse_moe  # MiniMax's name
@@ -155,6 +162,8 @@ def _attention(
         kv = share.kv_heads()
         for proj in (attn.k_proj, attn.v_proj):
             _rows(proj, _blocks(kv, kv_rows), src)
+        if "g_proj" in attn:  # Step-3.5: one gate logit (a row) per query head
+            _rows(attn.g_proj, heads, src)
         if _whole_width(attn, "q_norm", grid.heads * q_rows, q_rows):  # MiniMax
             attn.q_norm = _width_norm(attn, "q_norm", _blocks(heads, q_rows), None, group, src)
         if _whole_width(attn, "k_norm", grid.kv_heads * kv_rows, kv_rows):
@@ -173,6 +182,8 @@ def _attention(
             attn.num_key_value_groups = len(heads) // len(kv)
         elif hasattr(attn, "num_attention_heads"):  # Qwen3.5 (q_proj: query then gate rows)
             attn.num_attention_heads, attn.num_key_value_heads = len(heads), len(kv)
+        elif hasattr(attn, "num_kv_heads"):  # Step-3.5
+            attn.num_heads, attn.num_kv_heads = len(heads), len(kv)
         else:
             attn.n_heads, attn.n_kv_heads = len(heads), len(kv)
         if len(share.blocks) > 1:
@@ -240,7 +251,7 @@ def _feed_forward(mlp: nn.Module, share: RankShare, group: Any, rank: int, src: 
         return
     # Mixture of experts: mlx-lm's block all-sums routed and shared experts together.
     _glu(experts, share.widths["expert"], rank, src)
-    shared = getattr(mlp, "shared_experts", None) or getattr(mlp, "shared_expert", None)
+    shared = next((mlp[n] for n in SHARED if n in mlp), None)
     if shared is not None:
         _glu(shared, share.widths["shared"], rank, src)
     mlp.sharding_group = group

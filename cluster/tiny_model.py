@@ -2,7 +2,7 @@
 
 Dense families (llama, qwen2, qwen3, ministral3, qwen3_5) and mixture-of-experts ones (qwen3_moe,
 deepseek_v3, deepseek_v32, deepseek_v2 and glm4_moe_lite with MLA attention, glm4_moe, gpt_oss,
-exaone_moe, qwen3_5_moe, minimax), each with config.json keyed as the family's Hugging Face
+exaone_moe, qwen3_5_moe, minimax, step3p5), each with config.json keyed as the family's Hugging Face
 checkpoints are and the parameter names mlx-lm's model class has (its sanitize() keeps them).
 Qwen3.5's two (gated delta net linear attention, every full_attention_interval-th layer gated
 full attention) nest the decoder's settings in text_config, as its multimodal checkpoints do.
@@ -36,7 +36,7 @@ from topology.errors import InputError
 DENSE_FAMILIES = ("llama", "qwen2", "qwen3", "ministral3", "qwen3_5")
 MOE_FAMILIES = (
     "qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss", "deepseek_v2", "glm4_moe_lite", "exaone_moe",
-    "deepseek_v32", "qwen3_5_moe", "minimax",
+    "deepseek_v32", "qwen3_5_moe", "minimax", "step3p5",
 )  # fmt: skip
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 ARCHITECTURES = {
@@ -55,12 +55,15 @@ ARCHITECTURES = {
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
     "minimax": "MiniMaxM2ForCausalLM",
+    "step3p5": "Step3p5ForCausalLM",
 }
 # DeepSeek-style experts: a gate over groups of experts, shared experts, the first layers dense
 _ROUTED = ("deepseek_v3", "glm4_moe", "deepseek_v2", "glm4_moe_lite", "exaone_moe", "deepseek_v32")
 _MLA = ("deepseek_v3", "deepseek_v2", "glm4_moe_lite", "deepseek_v32")  # latent: no KV heads
 _HYBRID = ("qwen3_5", "qwen3_5_moe")  # linear attention beside gated full attention
 QWEN3_5_ROTARY = 0.25  # Qwen3.5's partial_rotary_factor
+STEP3P5_ROTARY = 0.5  # Step-3.5's partial rotary factor on its full-attention layers
+STEP3P5_FULL_EVERY = 4  # Step-3.5-Flash: a full-attention layer, then three sliding ones
 LINEAR_CONV = 4  # its linear_conv_kernel_dim
 # DeepSeek-V3.2's indexer, which picks the context a token attends to: heads, their size (a
 # multiple of the rope part: 2x it) and how many tokens it keeps, few so that tests pass beyond
@@ -74,8 +77,8 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "experts": MOE_FAMILIES,
     "experts_per_token": MOE_FAMILIES,
     "moe_intermediate": MOE_FAMILIES,
-    "shared_experts": (*_ROUTED, "qwen3_5_moe"),
-    "dense_layers": ("qwen3_moe", *_ROUTED),
+    "shared_experts": (*_ROUTED, "qwen3_5_moe", "step3p5"),
+    "dense_layers": ("qwen3_moe", *_ROUTED, "step3p5"),
     "sparse_step": ("qwen3_moe",),
     "expert_groups": _ROUTED,
     "groups_per_token": _ROUTED,
@@ -86,7 +89,9 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "v_head_dim": _MLA,
     "rotary_fraction": ("glm4_moe", "minimax"),
     "qk_norm": ("glm4_moe", "minimax"),
-    "sliding_window": ("gpt_oss", "exaone_moe"),
+    "sliding_window": ("gpt_oss", "exaone_moe", "step3p5"),
+    "other_heads": ("step3p5",),
+    "other_kv_heads": ("step3p5",),
     "linear_key_heads": _HYBRID,
     "linear_value_heads": _HYBRID,
     "linear_key_head_dim": _HYBRID,
@@ -97,7 +102,8 @@ POSITIVE_OPTIONS = (
     "intermediate", "head_dim", "experts", "experts_per_token", "moe_intermediate", "sparse_step",
     "shared_experts", "expert_groups", "groups_per_token", "kv_lora_rank", "qk_rope_dim",
     "qk_nope_dim", "v_head_dim", "sliding_window", "linear_key_heads", "linear_value_heads",
-    "linear_key_head_dim", "linear_value_head_dim", "full_attention_interval",
+    "linear_key_head_dim", "linear_value_head_dim", "full_attention_interval", "other_heads",
+    "other_kv_heads",
 )  # fmt: skip
 DEEPSEEK_MAX_LAYERS = 61  # its sanitize() drops "model.layers.61*", DeepSeek-V3's MTP layer
 ROUTER_GROUP = 64  # the MoE families' quant_predicate: routers at 8 bits, groups of 64
@@ -181,6 +187,8 @@ class Shape:
     linear_key_head_dim: int
     linear_value_head_dim: int
     full_attention_interval: int  # every Nth layer full attention, the others linear
+    other_heads: int  # Step-3.5's sliding layers: their own query heads
+    other_kv_heads: int  # ... and KV heads
 
 
 @dataclass(frozen=True)
@@ -220,6 +228,8 @@ class TinySpec:
     linear_key_head_dim: int | None = None
     linear_value_head_dim: int | None = None
     full_attention_interval: int | None = None
+    other_heads: int | None = None
+    other_kv_heads: int | None = None
 
     def shape(self) -> Shape:
         """The sizes to build, defaults filled in: small, and every feature of the family on."""
@@ -251,6 +261,8 @@ class TinySpec:
             linear_key_head_dim=_given(self.linear_key_head_dim, _given(self.head_dim, head)),
             linear_value_head_dim=_given(self.linear_value_head_dim, _given(self.head_dim, head)),
             full_attention_interval=_given(self.full_attention_interval, 2),
+            other_heads=_given(self.other_heads, 2 * self.heads),
+            other_kv_heads=_given(self.other_kv_heads, self.kv_heads),
         )
 
     def check(self) -> None:
@@ -280,8 +292,10 @@ class TinySpec:
                 f"{self.layers}): mlx-lm drops layer {DEEPSEEK_MAX_LAYERS} as DeepSeek-V3's "
                 "multi-token-prediction layer"
             )
-        if self.family == "gpt_oss" and self.layers < 2:
-            raise InputError("--layers must be at least 2 for gpt_oss (a sliding and a full one)")
+        if self.family in ("gpt_oss", "step3p5") and self.layers < 2:
+            raise InputError(
+                f"--layers must be at least 2 for {self.family} (a sliding and a full one)"
+            )
         if not 300 <= self.vocab <= 4096:
             raise InputError(f"--vocab must be between 300 and 4096 (got {self.vocab})")
         if (n := self.parameters()) > MAX_PARAMETERS:
@@ -326,11 +340,25 @@ class TinySpec:
             raise InputError(f"{what} must be even for rotary embeddings")
         if self.heads % self.kv_heads:
             raise InputError(f"--kv-heads {self.kv_heads} must divide --heads {self.heads}")
+        if self.family == "step3p5":
+            self._check_step3p5(s)
         rotary = int(s.head_dim * s.rotary_fraction)
         if self.family in ("glm4_moe", "minimax") and (rotary < 2 or rotary % 2):
             raise InputError(
                 f"--rotary-fraction {s.rotary_fraction} of head size {s.head_dim} gives "
                 f"{rotary} rotary dimensions: it must give an even number, at least 2"
+            )
+
+    def _check_step3p5(self, s: Shape) -> None:
+        if s.other_heads % s.other_kv_heads:
+            raise InputError(
+                f"--other-kv-heads {s.other_kv_heads} must divide --other-heads {s.other_heads}"
+            )
+        rotary = int(s.head_dim * STEP3P5_ROTARY)
+        if rotary < 2 or rotary % 2:
+            raise InputError(
+                f"the head size {s.head_dim} gives {rotary} rotary dimensions at Step-3.5's "
+                f"{STEP3P5_ROTARY} on full layers: make it a multiple of 4"
             )
 
     def _check_linear(self, s: Shape) -> None:
@@ -361,7 +389,7 @@ class TinySpec:
                 f"--dense-layers {s.dense_layers} and --sparse-step {s.sparse_step} leave no "
                 f"mixture-of-experts layer among {self.layers}: make them smaller"
             )
-        if self.family in _ROUTED and s.dense_layers >= self.layers:
+        if self.family in (*_ROUTED, "step3p5") and s.dense_layers >= self.layers:
             raise InputError(
                 f"--dense-layers {s.dense_layers} must be less than --layers {self.layers} "
                 "(one mixture-of-experts layer at least)"
@@ -394,7 +422,7 @@ class TinySpec:
                 f"--group-size {self.group_size} must be 32, 64 or 128 and divide --hidden"
             )
         # mlx-lm's quant_predicate for these packs the router to 8 bits in groups of 64
-        routers = ("qwen3_moe", "gpt_oss", "qwen3_5_moe", "minimax")
+        routers = ("qwen3_moe", "gpt_oss", "qwen3_5_moe", "minimax", "step3p5")
         if self.family in routers and self.hidden % ROUTER_GROUP:
             raise InputError(
                 f"--hidden {self.hidden} must be a multiple of {ROUTER_GROUP} to quantize "
@@ -423,11 +451,23 @@ class TinySpec:
         if self.family in _HYBRID:  # the linear layers hold a gated delta net instead
             linear = sum((i + 1) % s.full_attention_interval != 0 for i in range(self.layers))
             total += linear * (self._linear_parameters(s) - self._attention_parameters(s))
+        if self.family == "step3p5":  # the sliding layers have heads of their own
+            other = self._attention_parameters(s, s.other_heads, s.other_kv_heads)
+            total += len(self.sliding_layers()) * (other - self._attention_parameters(s))
         total += (self.layers - moe) * dense
         return total + (1 if tied else 2) * self.vocab * h + h  # + the final norm
 
-    def _attention_parameters(self, s: Shape) -> int:
-        h, heads = self.hidden, self.heads
+    def sliding_layers(self) -> tuple[int, ...]:
+        """Step-3.5's sliding-window layers (none for another family)."""
+        if self.family != "step3p5":
+            return ()
+        return tuple(i for i in range(self.layers) if i % STEP3P5_FULL_EVERY)
+
+    def _attention_parameters(
+        self, s: Shape, heads: int | None = None, kv_heads: int | None = None
+    ) -> int:
+        h, heads = self.hidden, _given(heads, self.heads)
+        kv_heads = _given(kv_heads, self.kv_heads)
         if self.family in _MLA:  # DeepSeek V2's kv_b_proj holds as many as the latent maps
             q_head = s.qk_nope_dim + s.qk_rope_dim
             if s.q_lora_rank:
@@ -440,8 +480,10 @@ class TinySpec:
                 d = 2 * s.qk_rope_dim
                 q += s.q_lora_rank * INDEX_HEADS * d + h * d + 2 * d + h * INDEX_HEADS
             return q + kv + latent + heads * s.v_head_dim * h
-        q, kv = heads * s.head_dim, self.kv_heads * s.head_dim
+        q, kv = heads * s.head_dim, kv_heads * s.head_dim
         weights = 2 * h * q + 2 * h * kv
+        if self.family == "step3p5":  # g_proj: a gate logit per head; per-head q and k norms
+            return weights + h * heads + 2 * s.head_dim
         if self.family in _HYBRID:  # q_proj writes a gate per query; q and k norms
             return weights + h * q + 2 * s.head_dim
         if self.family == "minimax":  # its q and k norms span the whole projections
@@ -468,6 +510,8 @@ class TinySpec:
             return h * e + experts
         if self.family == "minimax":  # a router and its score correction bias
             return h * e + e + experts
+        if self.family == "step3p5":  # a router, its bias, one shared expert
+            return h * e + e + experts + 3 * h * w * s.shared_experts
         if self.family == "qwen3_5_moe":  # + the shared expert and its one-logit gate
             return h * e + experts + 3 * h * w * s.shared_experts + h
         if self.family == "gpt_oss":  # router and every expert projection have biases
@@ -521,6 +565,8 @@ def write_tiny_model(
     linear_key_head_dim: int | None = None,
     linear_value_head_dim: int | None = None,
     full_attention_interval: int | None = None,
+    other_heads: int | None = None,
+    other_kv_heads: int | None = None,
 ) -> Path:
     """Write config, per-layer safetensors + index and tokenizer files into `directory`.
 
@@ -558,6 +604,8 @@ def write_tiny_model(
         linear_key_head_dim=linear_key_head_dim,
         linear_value_head_dim=linear_value_head_dim,
         full_attention_interval=full_attention_interval,
+        other_heads=other_heads,
+        other_kv_heads=other_kv_heads,
     )
     spec.check()
     out = Path(directory)
@@ -659,11 +707,14 @@ def _model_config(spec: TinySpec, vocab_size: int, eos: int) -> dict[str, object
         "qwen3_5": _qwen3_5,
         "qwen3_5_moe": _qwen3_5,
         "minimax": _minimax,
+        "step3p5": _step3p5,
     }.get(spec.family)
     if family_keys is not None:  # the older dense families' files stay as they were
         config |= {"hidden_act": "silu"} | family_keys(spec, s)
     if spec.family in _MLA:  # MLA's head sizes are its own keys, as in DeepSeek's file
         del config["head_dim"]
+    if spec.family == "step3p5":  # its KV heads are num_attention_groups
+        del config["num_key_value_heads"]
     if spec.family in _HYBRID:  # a multimodal checkpoint: the decoder's keys in text_config
         top = ("model_type", "architectures", "tie_word_embeddings", "eos_token_id")
         text = {k: v for k, v in config.items() if k not in top[:2]}
@@ -862,6 +913,46 @@ def _minimax(spec: TinySpec, s: Shape) -> dict[str, object]:
         "scoring_func": "sigmoid",
         "rms_norm_eps": 1e-6,
         "rope_theta": 5000000.0,
+    }
+
+
+def _step3p5(spec: TinySpec, s: Shape) -> dict[str, object]:
+    """Step-3.5-Flash: a full-attention layer then three sliding-window ones, the sliding ones
+    with head counts of their own (attention_other_setting) and rotary on the whole head (the
+    full ones on half, another base); a gate logit per head; the first layers dense, then
+    experts beside one shared expert, the last layer's SwiGLUs clamped."""
+    sliding = spec.sliding_layers()
+    kinds = ["sliding_attention" if i in sliding else "full_attention" for i in range(spec.layers)]
+    moe = spec.moe_layers()
+    last = [7.0 if i == spec.layers - 1 and i in moe else 0.0 for i in range(spec.layers)]
+    return {
+        "num_attention_groups": spec.kv_heads,
+        "attention_other_setting": {
+            "attention_type": "sliding_attention",
+            "num_attention_heads": s.other_heads,
+            "num_attention_groups": s.other_kv_heads,
+            "head_dim": s.head_dim,
+        },
+        "layer_types": kinds,
+        "sliding_window": s.sliding_window,
+        "rope_theta": [10000.0 if i in sliding else 5000000.0 for i in range(spec.layers)],
+        "partial_rotary_factors": [
+            1.0 if i in sliding else STEP3P5_ROTARY for i in range(spec.layers)
+        ],
+        "yarn_only_types": ["full_attention"],
+        "rope_scaling": None,
+        "use_head_wise_attn_gate": True,
+        "use_qk_norm": True,
+        "moe_num_experts": s.experts,
+        "moe_top_k": s.experts_per_token,
+        "moe_intermediate_size": s.moe_intermediate,
+        "share_expert_dim": s.moe_intermediate * s.shared_experts,
+        "moe_layers_enum": ",".join(map(str, moe)),
+        "moe_router_activation": "sigmoid",
+        "moe_router_scaling_factor": 3.0,
+        "norm_expert_weight": True,
+        "swiglu_limits": last,
+        "swiglu_limits_shared": [2 * x for x in last],
     }
 
 

@@ -1,6 +1,6 @@
 """Test settings shared by every package (paths live in tests/paths.py, a plain module, because
 every folder's conftest.py is a module named `conftest`): the BLAS this process multiplies with,
-and how pytest-xdist shares the tests out (scripts/check runs `-n 2 --dist loadgroup`).
+and how pytest-xdist shares the tests out (scripts/check runs `-n 3 --dist loadgroup`).
 
 Ranks on Linux multiply with the host's OpenBLAS (cluster/blas.py): the single-process references
 computed in this process use it too, one thread everywhere, since OpenBLAS's sums depend on its

@@ -2,33 +2,47 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 import click
 
-from launcher.cli.agent import agent_cmd
-from launcher.cli.bench import bench_cmd
-from launcher.cli.demo import demo
-from launcher.cli.discover import discover_cmd
-from launcher.cli.import_gguf import import_gguf_cmd
-from launcher.cli.launch import launch
-from launcher.cli.plan import plan_cmd
-from launcher.cli.serve import serve_cmd
-from launcher.cli.tiny_model import tiny_model
-from launcher.cli.topology import topology as topology_group
 from topology.errors import InputError, one_line
 
+# Each command's module is imported when that command runs (or `--help` lists them): serve's
+# HTTP stack, the agent's mDNS and bench cost ~0.3 s of CPU at start that `plan` need not pay.
+COMMANDS = {
+    "topology": "launcher.cli.topology:topology",
+    "plan": "launcher.cli.plan:plan_cmd",
+    "tiny-model": "launcher.cli.tiny_model:tiny_model",
+    "agent": "launcher.cli.agent:agent_cmd",
+    "discover": "launcher.cli.discover:discover_cmd",
+    "launch": "launcher.cli.launch:launch",
+    "demo": "launcher.cli.demo:demo",
+    "bench": "launcher.cli.bench:bench_cmd",
+    "serve": "launcher.cli.serve:serve_cmd",
+    "import-gguf": "launcher.cli.import_gguf:import_gguf_cmd",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _LazyGroup(click.Group):
+    """A group whose commands are loaded by name on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mlx-cluster")
 def cli() -> None:
     """Check, plan, launch and serve an LLM across Thunderbolt-wired Apple Silicon Macs."""
-
-
-_COMMANDS = (topology_group, plan_cmd, tiny_model, agent_cmd, discover_cmd, launch, demo)
-for command in (*_COMMANDS, bench_cmd, serve_cmd, import_gguf_cmd):
-    cli.add_command(command)
 
 
 EXIT_INTERNAL = 1

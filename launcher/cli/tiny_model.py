@@ -12,7 +12,7 @@ from launcher.cli.options import DIRECTORY, SEED, Number
 FAMILIES = (
     "llama", "qwen2", "qwen3", "ministral3", "qwen3_5", "qwen3_moe", "deepseek_v3", "glm4_moe",
     "gpt_oss", "deepseek_v2", "glm4_moe_lite", "exaone_moe", "deepseek_v32", "qwen3_5_moe",
-    "minimax",
+    "minimax", "step3p5",
 )  # fmt: skip
 # Sane sizes for a model meant to be tiny; cluster/tiny_model.py also caps the total size.
 LAYERS = Number(int, 1, 256)
@@ -80,7 +80,7 @@ WINDOW = Number(int, 1, 1 << 20)
     "--rotary-fraction", type=FRACTION, default=None, help="glm4_moe: partial rotary [0.5]"
 )
 @click.option("--qk-norm/--no-qk-norm", default=None, help="glm4_moe: query/key norms [on]")
-@click.option("--sliding-window", type=WINDOW, default=None, help="gpt_oss [32]")
+@click.option("--sliding-window", type=WINDOW, default=None, help="gpt_oss, step3p5 [32]")
 @click.option(
     "--linear-key-heads", type=HEADS, default=None, help="qwen3_5: linear attention's key heads [2]"
 )
@@ -91,6 +91,12 @@ WINDOW = Number(int, 1, 1 << 20)
 @click.option("--linear-value-head-dim", type=HEAD_DIM, default=None, help="qwen3_5 [head]")
 @click.option(
     "--full-attention-interval", type=LAYERS, default=None, help="qwen3_5: every Nth layer [2]"
+)
+@click.option(
+    "--other-heads", type=HEADS, default=None, help="step3p5: sliding layers' heads [2 x heads]"
+)
+@click.option(
+    "--other-kv-heads", type=HEADS, default=None, help="step3p5: their KV heads [kv-heads]"
 )
 def tiny_model(
     directory: Path,
@@ -125,6 +131,8 @@ def tiny_model(
     linear_key_head_dim: int | None,
     linear_value_head_dim: int | None,
     full_attention_interval: int | None,
+    other_heads: int | None,
+    other_kv_heads: int | None,
 ) -> int:
     """Write a random-weight FAMILY model (split per layer, offline tokenizer) into DIRECTORY.
 
@@ -167,6 +175,8 @@ def tiny_model(
         linear_key_head_dim=linear_key_head_dim,
         linear_value_head_dim=linear_value_head_dim,
         full_attention_interval=full_attention_interval,
+        other_heads=other_heads,
+        other_kv_heads=other_kv_heads,
     )
     quant = f", {quantize_bits}-bit" if quantize_bits else ""
     click.echo(f"wrote a tiny {family} model ({layers} layers, hidden {hidden}{quant}) to {out}")

@@ -131,11 +131,17 @@ FAMILIES: dict[str, dict[str, Any]] = {
                           "linear_value_head_dim": 32, "moe_intermediate": 192,
                           "quantize_bits": 4, "group_size": 64},
     "minimax": {"family": "minimax", "heads": 8, "kv_heads": 2},
+    # a full-attention layer (8 / 4 heads) and a sliding one with heads of its own (12 / 4)
+    "step3p5": {"family": "step3p5", "hidden": 128, "heads": 8, "kv_heads": 4,
+                "other_heads": 12, "other_kv_heads": 4},
+    "step3p5 4-bit": {"family": "step3p5", "hidden": 256, "heads": 8, "kv_heads": 4,
+                      "other_heads": 12, "other_kv_heads": 4, "moe_intermediate": 192,
+                      "quantize_bits": 4, "group_size": 64},
 }  # fmt: skip
 # The layers a share cuts; a summed layer's bias is not cut but zeroed off rank 0
 CUT = ("q_proj", "k_proj", "v_proj", "q_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
        "embed_q", "unembed_out", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
-       "out_proj", "conv1d")  # fmt: skip
+       "out_proj", "conv1d", "g_proj")  # fmt: skip
 CUT_VECTORS = (".sinks", ".dt_bias", ".A_log")  # per-head vectors: gpt-oss's, Qwen3.5's
 # Norms over the whole projection (MiniMax), cut with the heads; other families' are per head
 CUT_NORMS = {"minimax": ("q_norm", "k_norm")}
@@ -161,6 +167,11 @@ SHOWN = {
                           "switch_mlp.down_proj.scales", "shared_expert.up_proj.biases"),
     "minimax": ("self_attn.q_norm.weight", "self_attn.k_norm.weight",
                 "switch_mlp.gate_proj.weight"),
+    "step3p5": ("layers.0.self_attn.g_proj.weight", "layers.1.self_attn.g_proj.weight",
+                "layers.1.self_attn.q_proj.weight", "mlp.down_proj.weight",
+                "switch_mlp.up_proj.weight", "share_expert.down_proj.weight"),
+    "step3p5 4-bit": ("self_attn.g_proj.scales", "layers.1.self_attn.o_proj.biases",
+                      "switch_mlp.down_proj.scales", "share_expert.gate_proj.biases"),
 }  # fmt: skip
 
 

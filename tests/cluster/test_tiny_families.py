@@ -176,6 +176,27 @@ EXPECTED: dict[str, dict[str, object]] = {
         "use_qk_norm": True,
         "head_dim": 16,
     },
+    "step3p5": {  # a full layer then three sliding ones, these with heads of their own
+        "architectures": ["Step3p5ForCausalLM"],
+        "num_attention_heads": 4,
+        "num_attention_groups": 2,
+        "attention_other_setting": {
+            "attention_type": "sliding_attention",
+            "num_attention_heads": 8,
+            "num_attention_groups": 2,
+            "head_dim": 16,
+        },
+        "layer_types": ["full_attention"] + ["sliding_attention"] * 3,
+        "sliding_window": 32,
+        "moe_num_experts": 8,
+        "moe_top_k": 2,
+        "moe_intermediate_size": 64,
+        "share_expert_dim": 64,
+        "moe_layers_enum": "1,2,3",
+        "intermediate_size": 128,
+        "num_key_value_heads": None,  # Step-3.5's files name them num_attention_groups
+        "head_dim": 16,
+    },
 }
 
 
@@ -321,6 +342,7 @@ def test_same_seed_same_weights(tmp_path: Path, family: str) -> None:
         ("deepseek_v32", 6, 32),
         ("qwen3_5_moe", 4, 64),
         ("minimax", 8, 32),
+        ("step3p5", 4, 64),
     ],
 )
 def test_quantized_model_loads(tmp_path: Path, family: str, bits: int, group: int) -> None:
@@ -333,8 +355,8 @@ def test_quantized_model_loads(tmp_path: Path, family: str, bits: int, group: in
     layer = "language_model.model.layers.3" if family in _HYBRID else "model.layers.3"
     mlp = f"{layer}.block_sparse_moe" if family == "minimax" else f"{layer}.mlp"
     assert f"{mlp}.{experts}.up_proj.scales" in index
-    router = "router" if family == "gpt_oss" else "gate"
-    if family in ("qwen3_moe", "gpt_oss", "qwen3_5_moe", "minimax"):  # 8 bits, groups of 64
+    router = {"gpt_oss": "router", "step3p5": "gate.gate"}.get(family, "gate")
+    if family in ("qwen3_moe", "gpt_oss", "qwen3_5_moe", "minimax", "step3p5"):  # 8 bits, g64
         entry = config["quantization"][f"{mlp}.{router}"]
         assert entry == {"group_size": 64, "bits": 8}
         assert f"{mlp}.{router}.scales" in index
@@ -367,6 +389,9 @@ def test_quantized_model_loads(tmp_path: Path, family: str, bits: int, group: in
         {"family": "qwen3_5_moe", "layers": 5, "heads": 6, "kv_heads": 3, "head_dim": 8}
         | {"linear_key_heads": 3, "linear_value_heads": 9, "linear_key_head_dim": 8}
         | {"full_attention_interval": 3, "shared_experts": 2},
+        {"family": "step3p5", "layers": 5, "heads": 6, "kv_heads": 3, "head_dim": 8}
+        | {"other_heads": 9, "other_kv_heads": 3, "sliding_window": 4, "dense_layers": 2}
+        | {"shared_experts": 2},
     ],
     ids=lambda options: options["family"],
 )
@@ -409,6 +434,15 @@ def test_options_shape_the_model(tmp_path: Path, options: dict[str, Any]) -> Non
         assert linear.in_proj_b.weight.shape == (9, 64)
         assert model.layers[2].self_attn.q_proj.weight.shape == (2 * 6 * 8, 64)  # + the gate
         assert model.layers[0].mlp.shared_expert.up_proj.weight.shape == (128, 64)
+    elif family == "step3p5":  # layers 1-3 sliding, with 9 heads of 3 KV heads; 2-4 experts
+        caches = [type(c).__name__ for c in model.make_cache()]
+        assert caches == ["KVCache"] + ["RotatingKVCache"] * 3 + ["KVCache"]
+        assert moe == [2, 3, 4] and config["moe_layers_enum"] == "2,3,4"
+        full, sliding = model.layers[0].self_attn, model.layers[1].self_attn
+        assert full.q_proj.weight.shape == (6 * 8, 64) and full.g_proj.weight.shape == (6, 64)
+        assert sliding.q_proj.weight.shape == (9 * 8, 64) and sliding.g_proj.weight.shape == (9, 64)
+        assert sliding.k_proj.weight.shape == (3 * 8, 64)
+        assert model.layers[2].mlp.share_expert.up_proj.weight.shape == (128, 64)
     else:
         kinds = ["sliding_attention", "full_attention", "sliding_attention"]
         assert config["layer_types"] == kinds
@@ -463,6 +497,13 @@ def test_parameters_counts_what_mlx_lm_builds(family: str, hidden: int) -> None:
         ({"family": "deepseek_v32", "q_lora_rank": 0}, "--q-lora-rank must be at least 1 for"),
         ({"family": "deepseek_v2", "heads": 3}, "--heads 3 must divide --hidden 64 for"),
         ({"family": "gpt_oss", "layers": 1}, "--layers must be at least 2 for gpt_oss"),
+        ({"family": "step3p5", "layers": 1, "dense_layers": 0}, "--layers must be at least 2 for"),
+        ({"family": "llama", "other_heads": 8}, "--other-heads does not apply to llama"),
+        (
+            {"family": "step3p5", "other_heads": 5, "other_kv_heads": 2},
+            "--other-kv-heads 2 must divide --other-heads 5",
+        ),
+        ({"family": "step3p5", "head_dim": 6}, "gives 3 rotary dimensions"),
         ({"family": "glm4_moe", "rotary_fraction": 0.1}, "gives 1 rotary dimensions"),
         ({"family": "glm4_moe", "rotary_fraction": 1.5}, "--rotary-fraction must be in (0, 1]"),
         ({"family": "qwen3", "head_dim": 7}, "--head-dim must be even"),

@@ -3,7 +3,8 @@ process: rank counts that do not divide the heads or widths, quantized widths in
 (4- and 8-bit, groups of 32 and 64, dense, MoE and MLA), the mixture-of-experts families, a
 plan's unequal shares given in the job, the real SmolLM2 (9 heads / 3 KV heads) over 2 ranks,
 a share that does not fit the model refused at load, Qwen3.5's linear attention cut by key heads
-beside its gated full attention, and MiniMax's q/k norms over the whole projections."""
+beside its gated full attention, MiniMax's q/k norms over the whole projections, and Step-3.5's
+sliding layers whose own head counts are shared out apart from the full layers' heads."""
 
 from __future__ import annotations
 
@@ -217,6 +218,35 @@ MODELS: dict[str, dict[str, Any]] = {
         "quantize_bits": 4,
         "group_size": 64,
     },
+    # Step-3.5: a full-attention layer (8 heads / 4 KV heads) then three sliding-window ones
+    # with heads of their own (12 / 4), a window shorter than the prompt; the first layer
+    # dense, then experts beside a shared expert; over 3 ranks neither kind's heads divide
+    "step3p5_8_4": {
+        "family": "step3p5",
+        "layers": 4,
+        "hidden": 128,
+        "heads": 8,
+        "kv_heads": 4,
+        "other_heads": 12,
+        "other_kv_heads": 4,
+        "sliding_window": 8,
+    },
+    # 4-bit groups of 64: two 32-column heads a group, so the sliding layers' 12 heads (3 a KV
+    # head) are cut as runs across KV rows; experts 3 groups wide (3 layers: with a fourth, a
+    # third sliding one, the ranks differ from one process by 1.2e-4, float32 rounding)
+    "step3p5_q4_g64": {
+        "family": "step3p5",
+        "layers": 3,
+        "hidden": 256,
+        "heads": 8,
+        "kv_heads": 4,
+        "other_heads": 12,
+        "other_kv_heads": 4,
+        "sliding_window": 8,
+        "moe_intermediate": 192,
+        "quantize_bits": 4,
+        "group_size": 64,
+    },
 }
 WORST: dict[str, float] = {}  # test id -> worst logit difference (printed at the end)
 
@@ -292,6 +322,18 @@ def check_tiles(shares: list[RankShare], cfg: dict[str, Any]) -> None:
         for c in range(*cols)
     )
     assert held == list(range(heads))
+    if spec.has_other:  # Step-3.5's sliding layers' own heads, each held once too
+        group = spec.other_heads // spec.other_kv_heads
+        held = sorted(
+            k * group + c
+            for s in shares
+            for kv, cols in s.other
+            for k in range(*kv)
+            for c in range(*cols)
+        )
+        assert held == list(range(spec.other_heads))
+    else:
+        assert all(not s.other for s in shares)
     for name in shares[0].widths:
         spans = [s.widths[name] for s in shares]
         assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(spans))
@@ -329,6 +371,8 @@ def sizes(share: RankShare) -> tuple[int, ...]:
         ("qwen3_5_moe_q4_g64", 3),
         ("minimax_8_2", 3),
         ("minimax_q4_g64", 3),
+        ("step3p5_8_4", 3),
+        ("step3p5_q4_g64", 3),
     ],
 )
 def test_uneven_shares_match_single_process(
@@ -353,6 +397,7 @@ def test_uneven_shares_match_single_process(
         "qwen3_5_moe_8_2": ("linear", [64, 32, 32]),
         "qwen3_5_moe_q4_g64": ("linear", [128, 64, 64]),
         "minimax_q4_g64": ("expert", [64, 64, 64]),
+        "step3p5_q4_g64": ("expert", [64, 64, 64]),
     }
     if name in whole_groups:
         width, want = whole_groups[name]
@@ -374,6 +419,7 @@ def test_uneven_shares_match_single_process(
         ("deepseek_v2", None),  # kv_b_proj's rows for each rank's heads
         ("qwen3_q4_mlp7", None),  # 4-bit widths: too few bytes to show in the peak
         ("qwen3_5_moe_8_2", None),  # 3 of 4 linear key heads on rank 0
+        ("step3p5_8_4", None),  # each attention kind's heads 3:1, its own blocks
     ],
 )
 def test_planned_unequal_shares_match_single_process(

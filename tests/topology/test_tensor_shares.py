@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,13 +18,15 @@ from paths import FIXTURES
 
 from topology.chips import BACKENDS
 from topology.errors import InputError
-from topology.model.spec import ModelSpec, spec_from_config
+from topology.model import spec as model_spec
+from topology.model.spec import TENSOR_FAMILIES, UNEVEN_FAMILIES, ModelSpec, spec_from_config
 from topology.planning.head_tiling import HeadGrid, run_blocks, tile_heads
 from topology.planning.placement import pipeline_loads
 from topology.planning.plan import Plan, plan_cluster
 from topology.planning.predict import stage_read_bytes, tensor_seconds, tok_s
 from topology.planning.serving import rank_kv_bytes_per_token
 from topology.planning.tensor_costs import (
+    grid_for,
     phase_seconds,
     rank_costs,
     tensor_layout,
@@ -34,6 +37,7 @@ from topology.planning.tensor_shares import (
     RankShare,
     TensorLayout,
     apportion,
+    check_cover,
     layout,
     split_width,
 )
@@ -597,10 +601,14 @@ def test_exaone_moe_reads_its_moe_layer_flags() -> None:
         new_family("exaone_moe", is_moe_layer=[True] * 47)
 
 
-def test_a_family_on_mlx_lms_shard_still_needs_even_splits() -> None:
+def test_a_family_on_mlx_lms_shard_still_needs_even_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tensor family is cut unevenly now (step3p5 was the last); the even path stays for
+    a family mlx-lm adds before tensor_shards cuts it, shown here by taking step3p5 out."""
+    assert TENSOR_FAMILIES <= UNEVEN_FAMILIES
+    monkeypatch.setattr(model_spec, "UNEVEN_FAMILIES", UNEVEN_FAMILIES - {"step3p5"})
     config = {"model_type": "step3p5", "num_hidden_layers": 8, "vocab_size": 1000}
-    config |= {"hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 8}
-    config |= {"intermediate_size": 1536, "num_local_experts": 8, "num_experts_per_tok": 2}
+    config |= {"hidden_size": 2048, "num_attention_heads": 16, "num_attention_groups": 8}
+    config |= {"intermediate_size": 1536, "moe_num_experts": 8, "moe_top_k": 2}
     s = spec_from_config(config)
     assert not s.uneven_supported
     assert tensor_layout(s, [1.0, 1.0, 1.0], 4096) == (
@@ -757,3 +765,144 @@ def test_minimax_m2_splits_over_ranks_that_divide_nothing() -> None:
     heads = sorted(h for share in lay.shares for h in share.heads(lay.grid))
     assert heads == list(range(48))
     assert len({share.n_heads for share in lay.shares}) > 1  # really uneven
+
+
+# --- Step-3.5: sliding layers with heads of their own ---------------------------------------
+
+# Shaped like Step-3.5-Flash at 4 bits: a full-attention layer (64 heads / 8 KV heads) then
+# three sliding-window ones (96 / 8, a 512-token window), the first 3 layers dense, then 288
+# experts beside a shared one; layer_types also lists its multi-token-prediction layers
+STEP3P5_FLASH: dict[str, Any] = {
+    "model_type": "step3p5",
+    "num_hidden_layers": 45,
+    "hidden_size": 4096,
+    "num_attention_heads": 64,
+    "num_attention_groups": 8,
+    "head_dim": 128,
+    "vocab_size": 128896,
+    "intermediate_size": 11264,
+    "moe_num_experts": 288,
+    "moe_top_k": 8,
+    "moe_intermediate_size": 1280,
+    "share_expert_dim": 1280,
+    "moe_layers_enum": ",".join(str(i) for i in range(3, 45)),
+    "layer_types": ["sliding_attention" if i % 4 else "full_attention" for i in range(48)],
+    "attention_other_setting": {"num_attention_heads": 96, "num_attention_groups": 8},
+    "sliding_window": 512,
+    "use_head_wise_attn_gate": True,
+    "tie_word_embeddings": False,
+    "quantization": {"bits": 4, "group_size": 64},
+}
+
+
+def step3p5(**over: Any) -> ModelSpec:
+    return spec_from_config(STEP3P5_FLASH | over)
+
+
+def test_step3p5_reads_both_attention_kinds_and_its_experts() -> None:
+    s = step3p5()
+    assert (s.heads, s.kv_heads, s.other_heads, s.other_kv_heads) == (64, 8, 96, 8)
+    assert s.sliding_layers == tuple(i for i in range(45) if i % 4) and s.sliding_window == 512
+    assert s.sparse_layers == tuple(range(3, 45)) and s.experts == 288
+    assert (s.experts_per_token, s.shared_intermediate) == (8, 1280)
+    assert s.uneven_supported and s.head_gate
+    assert widths_for(s) == {"mlp": 11264, "expert": 1280, "shared": 1280}
+    grid = grid_for(s, 4096)
+    assert grid.other is not None and (grid.other.heads, grid.other.kv_heads) == (96, 8)
+    # the same head counts on both kinds: one grid, no second share
+    same = step3p5(attention_other_setting={"num_attention_heads": 64, "num_attention_groups": 8})
+    assert not same.has_other and grid_for(same, 4096).other is None
+    assert all(not share.other for share in _layout(same, [1.0] * 3).shares)
+    with pytest.raises(InputError, match="attention_other_setting: num_attention_groups: 5"):
+        step3p5(attention_other_setting={"num_attention_heads": 96, "num_attention_groups": 5})
+
+
+def _layout(s: ModelSpec, weights: list[float]) -> TensorLayout:
+    lay = tensor_layout(s, weights, 4096)
+    assert isinstance(lay, TensorLayout), lay
+    return lay
+
+
+@pytest.mark.parametrize("weights", [[1.0] * 3, [1.0] * 5, [3.0, 1.0, 1.0], [2.0, 2, 1, 1, 1]])
+def test_step3p5_splits_each_attention_kind_over_ranks_that_divide_neither(
+    weights: list[float],
+) -> None:
+    s = step3p5()
+    lay = _layout(s, weights)
+    grid, other = lay.grid, lay.grid.other
+    assert other is not None
+    full = sorted(h for share in lay.shares for h in share.heads(grid))
+    sliding = sorted(h for share in lay.shares for h in share.kind(True).heads(other))
+    assert full == list(range(64)) and sliding == list(range(96))  # each held exactly once
+    check_cover(lay.shares, grid, widths_for(s))
+    # every full-layer head once but a sliding one twice: refused (it would decode wrong)
+    twice = [lay.shares[0], replace(lay.shares[1], other=lay.shares[0].other), *lay.shares[2:]]
+    with pytest.raises(InputError, match="sliding-layer query heads for 96, not each exactly once"):
+        check_cover(twice, grid, widths_for(s))
+    # both kinds follow the same weights: the heaviest rank holds the most of each
+    heavy = max(range(len(weights)), key=lambda r: weights[r])
+    if len(set(weights)) > 1:
+        assert lay.shares[heavy].n_heads == max(share.n_heads for share in lay.shares)
+        assert lay.shares[heavy].kind(True).n_heads == max(
+            share.kind(True).n_heads for share in lay.shares
+        )
+    # the job's JSON: the sliding layers' blocks under their own key, read back the same
+    for share in lay.shares:
+        raw = json.loads(json.dumps(share.to_json()))
+        assert set(raw) == {"attention", "attention_other", "mlp", "expert", "shared"}
+        assert RankShare.from_json(raw, grid, widths_for(s)) == share
+    # a share without the sliding layers' blocks, or with a sliding KV head past 8: refused
+    raw = lay.shares[0].to_json()
+    with pytest.raises(InputError, match="attention_other None"):
+        RankShare.from_json(
+            {k: v for k, v in raw.items() if k != "attention_other"}, grid, widths_for(s)
+        )
+    with pytest.raises(InputError, match=r"attention_other kv \[0, 9\]"):
+        RankShare.from_json(raw | {"attention_other": [[0, 9, 0, 12]]}, grid, widths_for(s))
+
+
+def test_a_model_of_one_attention_kind_refuses_a_second_share() -> None:
+    lay = _layout(new_family("ministral3"), [1.0] * 3)
+    raw = lay.shares[0].to_json() | {"attention_other": [[0, 1, 0, 4]]}
+    with pytest.raises(InputError, match="not a share of this model"):
+        RankShare.from_json(raw, lay.grid, {"mlp": 14336})
+
+
+def test_step3p5_rank_memory_counts_each_kind_with_its_heads_and_window() -> None:
+    s = step3p5()
+    context, per_kv = 8192, 2 * 128 * 2  # keys and values of a KV head, bf16, a token
+    lay = _layout(s, [1.0] * 3)
+    full = [i for i in range(45) if i % 4 == 0]
+    for share, cost in zip(lay.shares, rank_costs(s, lay, context), strict=True):
+        mine = share.kind(True)
+        want = len(full) * share.n_kv * per_kv * context  # full layers: the whole context
+        want += (45 - len(full)) * mine.n_kv * per_kv * 512  # sliding ones: the window only
+        assert cost.kv_cache_bytes == pytest.approx(want)
+    # the sliding layers' heads are weighed too: 96 of them (and their KV heads, replicas
+    # counted) cost more than 64 would
+    plain = step3p5(attention_other_setting=None)
+    plain_lay = _layout(plain, [1.0] * 3)
+    many = sum(c.weight_bytes for c in rank_costs(s, lay, context))
+    few = sum(c.weight_bytes for c in rank_costs(plain, plain_lay, context))
+    pb = s.param_bytes(4) * s.scale
+    per_head = (2 * 4096 * 128 + 4096) * pb  # q rows, o columns, a g_proj row
+    per_kv_head = 2 * 4096 * 128 * pb  # k and v rows
+    replicas = sum(x.kind(True).n_kv for x in lay.shares) - sum(x.n_kv for x in plain_lay.shares)
+    want = len(s.sliding_layers) * (32 * per_head + replicas * per_kv_head)
+    assert many - few == pytest.approx(want, rel=1e-6)
+    # one process's cache: the window on a sliding layer (mlx-lm's RotatingKVCache)
+    assert s.layer_cache_bytes(1, context) == 8 * per_kv * 512
+    assert s.layer_cache_bytes(4, context) == 8 * per_kv * context
+    assert s.layer_cache_bytes(1, 100) == 8 * per_kv * 100
+
+
+def test_step3p5_plans_tensor_over_three_ultras_and_round_trips() -> None:
+    s = step3p5()
+    plan = plan_cluster(check(ultras3().facts()), s, strategy="tensor")
+    assert plan.ok and plan.strategy == "tensor" and plan.world_size == 3, plan
+    raw = json.loads(json.dumps(plan.to_json()))
+    assert sum(r["heads"] for r in raw["ranks"]) == 64
+    assert sum(r["other_heads"] for r in raw["ranks"]) == 96
+    assert all("attention_other" in r["tensor_share"] for r in raw["ranks"])
+    assert Plan.from_json(raw).to_json() == raw
+    assert plan_layout(s, Plan.from_json(raw)).shares == plan_layout(s, plan).shares

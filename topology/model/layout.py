@@ -42,8 +42,8 @@ class LayerCost:
         return self.active_sharded / n + self.active_replicated
 
 
-def _attention(spec: ModelShape) -> tuple[float, float]:
-    """(sharded, replicated) weight counts of one attention block."""
+def _attention(spec: ModelShape, heads: int, kv_heads: int) -> tuple[float, float]:
+    """(sharded, replicated) weight counts of one attention block of these head counts."""
     h = spec.hidden
     if spec.is_mla:
         rank = spec.kv_lora_rank or 0
@@ -56,9 +56,10 @@ def _attention(spec: ModelShape) -> tuple[float, float]:
         kv_b = rank * spec.heads * (spec.qk_nope_head_dim + spec.v_head_dim)
         o = spec.heads * spec.v_head_dim * h
         return q_sharded + kv_b + o, q_repl + kv_a + spec.index_weights  # V3.2's indexer whole
-    q = h * spec.heads * spec.head_dim
-    kv = 2 * h * spec.kv_heads * spec.head_dim
+    q = h * heads * spec.head_dim
+    kv = 2 * h * kv_heads * spec.head_dim
     gate = q if spec.is_hybrid else 0  # Qwen3.5's q_proj also writes a gate per head
+    gate += h * heads if spec.head_gate else 0  # Step-3.5's g_proj: a gate logit per head
     return 2 * q + gate + kv, 0
 
 
@@ -82,7 +83,8 @@ def estimate_layers(spec: ModelShape) -> tuple[LayerCost, ...]:
     """Estimated bytes of every layer, in layer order."""
     qb = spec.param_bytes(spec.bits)
     norm_bytes = 2 * spec.hidden * spec.dtype_bytes  # input + post-attention RMSNorm
-    attn_sharded, attn_repl = _attention(spec)
+    attn_sharded, attn_repl = _attention(spec, spec.heads, spec.kv_heads)
+    other_b = _attention(spec, spec.other_heads, spec.other_kv_heads)[0] * qb  # Step-3.5's
     attn_sharded_b = attn_sharded * qb
     lin_weights, lin_vectors = _linear_attention(spec)
     lin_b = lin_weights * qb + lin_vectors * spec.dtype_bytes
@@ -104,6 +106,6 @@ def estimate_layers(spec: ModelShape) -> tuple[LayerCost, ...]:
             repl = attn_repl_b + router_b
         else:
             mlp, mlp_active, repl = dense_b, dense_b, attn_repl_b
-        attn = lin_b if spec.is_linear(i) else attn_sharded_b
+        attn = lin_b if spec.is_linear(i) else other_b if spec.is_other(i) else attn_sharded_b
         costs.append(LayerCost(attn + mlp, repl, attn + mlp_active, repl))
     return tuple(costs)

@@ -51,6 +51,36 @@ class ModelShape:
     linear_value_head_dim: int = 0
     linear_conv_kernel: int = 0
     full_attention_interval: int = 1
+    # Step-3.5's two attention kinds: its sliding-window layers (`sliding_layers`) may have head
+    # counts of their own (other_heads / other_kv_heads; 0: the full layers' counts) and cache
+    # at most `sliding_window` tokens (mlx-lm's RotatingKVCache); head_gate: g_proj, one gate
+    # logit per query head
+    sliding_layers: tuple[int, ...] = ()
+    sliding_window: int = 0
+    other_heads: int = 0
+    other_kv_heads: int = 0
+    head_gate: bool = False
+
+    @property
+    def has_other(self) -> bool:
+        """Do the sliding layers have head counts other than the full layers'?"""
+        return self.other_heads > 0
+
+    def is_other(self, layer: int) -> bool:
+        """Is this layer of the other attention kind (its own head counts)?"""
+        return self.has_other and layer in self.sliding_layers
+
+    def heads_at(self, layer: int) -> tuple[int, int]:
+        """(query heads, KV heads) of this layer's attention."""
+        if self.is_other(layer):
+            return self.other_heads, self.other_kv_heads
+        return self.heads, self.kv_heads
+
+    def cached_tokens(self, layer: int, context: int) -> int:
+        """Tokens this layer's KV cache holds at `context`: a sliding window's at most."""
+        if self.sliding_window and layer in self.sliding_layers:
+            return min(context, self.sliding_window)
+        return context
 
     @property
     def is_hybrid(self) -> bool:

@@ -57,6 +57,7 @@ UNEVEN_FAMILIES = frozenset(
         "qwen3_5_moe",  # mlx-lm's own module, its Model a qwen3_5 one
         "minimax",
         "minimax_m2",  # mlx-lm runs it as minimax
+        "step3p5",  # its sliding layers' heads a second share (RankShare.other)
     }
 )
 # Families mlx-lm 0.32 pipelines (PipelineMixin) or cluster/pipeline_stage.py runs as stages.
@@ -67,6 +68,8 @@ PIPELINE_FAMILIES = frozenset(
         "qwen3_5_moe",
     }
 )  # fmt: skip
+# mlx-lm's step3p5 defaults: experts, experts a token, sliding window
+STEP3P5_EXPERTS, STEP3P5_TOP_K, STEP3P5_WINDOW = 288, 8, 512
 KV_CACHE_DTYPE_BYTES = 2  # mlx-lm caches keys/values in the activation dtype (bf16/fp16)
 
 
@@ -168,10 +171,19 @@ class ModelSpec(ModelShape):
             return latent * size
         return 2 * self.kv_heads * self.head_dim * size
 
+    def kv_bytes_per_token_at(self, layer: int) -> int:
+        """KV cache bytes a token in this layer (Step-3.5's sliding layers: their own heads)."""
+        if not self.is_other(layer):
+            return self.kv_bytes_per_token_per_layer
+        return 2 * self.other_kv_heads * self.head_dim * max(KV_CACHE_DTYPE_BYTES, self.dtype_bytes)
+
     @property
     def kv_bytes_per_token(self) -> int:
         # linear-attention layers keep a fixed-size state, no cache that grows with the context
-        return self.kv_bytes_per_token_per_layer * self.attention_layers
+        # (a sliding window's is counted whole: an upper bound within the window)
+        return sum(
+            self.kv_bytes_per_token_at(i) for i in range(self.layers) if not self.is_linear(i)
+        )
 
     @property
     def linear_state_bytes_per_layer(self) -> int:
@@ -184,7 +196,7 @@ class ModelSpec(ModelShape):
         linear-attention layer's fixed-size state."""
         if self.is_linear(layer):
             return self.linear_state_bytes_per_layer
-        return self.kv_bytes_per_token_per_layer * context
+        return self.kv_bytes_per_token_at(layer) * self.cached_tokens(layer, context)
 
     def cache_bytes(self, start: int, end: int, context: int) -> int:
         """One sequence's cache over layers [start, end) at `context` tokens."""
@@ -225,11 +237,19 @@ def spec_from_config(
     layers = _int(config, source, "num_hidden_layers", "n_layer", "num_layers")
     hidden = _int(config, source, "hidden_size", "n_embd", "d_model")
     heads = _int(config, source, "num_attention_heads", "n_head")
-    kv_heads = _int(config, source, "num_key_value_heads", default=heads)
+    # Step-3.5 names its KV heads num_attention_groups
+    kv_heads = _int(config, source, "num_key_value_heads", "num_attention_groups", default=heads)
     if heads % kv_heads:
         raise InputError(f"{source}: num_key_value_heads: {kv_heads} does not divide {heads} heads")
+    step = model_type == "step3p5"
     experts = _int(
-        config, source, "num_experts", "n_routed_experts", "num_local_experts", default=0
+        config,
+        source,
+        "num_experts",
+        "n_routed_experts",
+        "num_local_experts",
+        "moe_num_experts",
+        default=STEP3P5_EXPERTS if step else 0,  # mlx-lm's default for it
     )
     bits, group, mode = quantization(config, source)
     dtype = config.get("torch_dtype", config.get("dtype"))
@@ -259,13 +279,16 @@ def spec_from_config(
             source,
             "num_experts_per_tok",
             "num_experts_per_token",
-            default=1 if experts else 0,
+            "moe_top_k",
+            default=(STEP3P5_TOP_K if step else 1) if experts else 0,
         ),
         moe_intermediate=moe_inter,
         shared_intermediate=moe_inter * shared
-        or _int(config, source, "shared_expert_intermediate_size", default=0),
+        or _int(config, source, "shared_expert_intermediate_size", "share_expert_dim", default=0),
         sparse_layers=_moe_layers(config, source, layers)
         if experts and "is_moe_layer" in config
+        else _step3p5_moe_layers(config, source, layers)
+        if experts and step
         else sparse_layers(config, source, layers, experts),
         kv_lora_rank=_int(config, source, "kv_lora_rank", default=0) or None,
         q_lora_rank=_int(config, source, "q_lora_rank", default=0) or None,
@@ -277,6 +300,7 @@ def spec_from_config(
         index_total_bytes=index_total(index, source),
         max_context=_int(config, source, "max_position_embeddings", default=0) or None,
         **_linear_attention(config, source),
+        **(_step3p5_attention(config, source, layers, heads, kv_heads) if step else {}),
     )
     if spec.experts and spec.experts_per_token > spec.experts:
         raise InputError(
@@ -288,7 +312,7 @@ def spec_from_config(
     return spec
 
 
-def _linear_attention(config: Mapping[str, Any], source: str) -> dict[str, int]:
+def _linear_attention(config: Mapping[str, Any], source: str) -> dict[str, Any]:
     """Gated delta net sizes (Qwen3.5, Qwen3-Next), with mlx-lm's defaults; {} without."""
     if config.get("linear_num_key_heads") is None:
         return {}
@@ -306,6 +330,53 @@ def _linear_attention(config: Mapping[str, Any], source: str) -> dict[str, int]:
         "linear_value_head_dim": _int(config, source, "linear_value_head_dim", default=128),
         "linear_conv_kernel": _int(config, source, "linear_conv_kernel_dim", default=4),
         "full_attention_interval": _int(config, source, "full_attention_interval", default=4),
+    }
+
+
+def _step3p5_moe_layers(config: Mapping[str, Any], source: str, layers: int) -> tuple[int, ...]:
+    """Step-3.5's moe_layers_enum ("3,4,...": the layers with experts); mlx-lm's default
+    without it: every layer but the first."""
+    raw = config.get("moe_layers_enum")
+    if raw is None:
+        return tuple(range(1, layers))
+    parts = [p.strip() for p in raw.split(",")] if isinstance(raw, str) else None
+    if parts is None or not all(p.isdigit() and len(p) <= 4 for p in parts):  # layers < 1024
+        raise InputError(f"{source}: moe_layers_enum: must be layer numbers joined by commas")
+    return tuple(i for i in range(layers) if i in {int(p) for p in parts})
+
+
+def _step3p5_attention(
+    config: Mapping[str, Any], source: str, layers: int, heads: int, kv_heads: int
+) -> dict[str, Any]:
+    """Step-3.5's sliding layers (layer_types, else the even layers, as mlx-lm builds them),
+    their window, and their own head counts (attention_other_setting) where they differ."""
+    types = config.get("layer_types")
+    if types is None:
+        sliding = tuple(range(0, layers, 2))
+    elif not isinstance(types, list) or len(types) < layers:
+        raise InputError(f"{source}: layer_types: must be a list of at least {layers} names")
+    else:  # beyond num_hidden_layers: the multi-token-prediction layers mlx-lm drops
+        sliding = tuple(i for i in range(layers) if types[i] == "sliding_attention")
+    other = config.get("attention_other_setting")
+    other_heads = other_kv = 0
+    if other is not None:
+        where = f"{source}: attention_other_setting"
+        if not isinstance(other, Mapping):
+            raise InputError(f"{where}: must be an object")
+        other_heads = _int(other, where, "num_attention_heads")
+        other_kv = _int(other, where, "num_attention_groups")
+        if other_heads % other_kv:
+            raise InputError(
+                f"{where}: num_attention_groups: {other_kv} does not divide {other_heads} heads"
+            )
+        if (other_heads, other_kv) == (heads, kv_heads):
+            other_heads = other_kv = 0  # one kind of heads after all
+    return {
+        "sliding_layers": sliding,
+        "sliding_window": _int(config, source, "sliding_window", default=STEP3P5_WINDOW),
+        "other_heads": other_heads,
+        "other_kv_heads": other_kv,
+        "head_gate": config.get("use_head_wise_attn_gate", True) is not False,
     }
 
 

@@ -33,6 +33,9 @@ class HeadGrid:
     q_cost: float = 1.0  # bytes read per query head (its q and o projections)
     kv_cost: float = 1.0  # bytes read per KV head held (k, v projections and its cache)
     call_cost: float = 0.0  # an extra attention call on a layer, in bytes read in that time
+    # Step-3.5: its sliding layers' heads when their counts differ, shared out on their own
+    # (RankShare.other); None: every attention layer has these heads
+    other: HeadGrid | None = None
 
     @property
     def group(self) -> int:

@@ -35,6 +35,7 @@ def _head_elements(spec: ModelSpec) -> tuple[int, int]:
         latent = (spec.kv_lora_rank or 0) * (spec.qk_nope_head_dim + spec.v_head_dim)
         return q_in * q_dim + latent + spec.v_head_dim * h, 0
     q = (3 if spec.is_hybrid else 2) * h * spec.head_dim  # Qwen3.5: a gate row per query row
+    q += h if spec.head_gate else 0  # Step-3.5's g_proj: one gate row per query head
     return q, 2 * h * spec.head_dim
 
 
@@ -66,19 +67,28 @@ def _score_dim(spec: ModelSpec) -> int:
 def grid_for(spec: ModelSpec, context: int) -> HeadGrid:
     """The attention grid with the bytes a query head and a KV head read per token. MLA's one
     "KV head" is what every rank reads whole (the latent cache, the down-projections), so
-    a slower rank's share is sized with it."""
+    a slower rank's share is sized with it. Step-3.5's sliding layers, when their head counts
+    differ, have a grid of their own (`other`), their cache at most a window long."""
     pb = spec.param_bytes(spec.bits) * spec.scale
     q, kv = _head_elements(spec)
-    cache = _cache_per_kv(spec) * context
-    return HeadGrid(
-        heads=spec.heads,
-        kv_heads=1 if spec.is_mla else spec.kv_heads,
-        out_dim=spec.v_head_dim if spec.is_mla else spec.head_dim,
-        group_size=spec.group_size if spec.bits < 16 else None,
-        q_cost=q * pb,
-        kv_cost=kv * pb + cache + _mla_whole(spec, pb),
-        call_cost=EXTRA_CALL_BYTES,
-    )
+
+    def grid(heads: int, kv_heads: int, tokens: int, other: HeadGrid | None) -> HeadGrid:
+        return HeadGrid(
+            heads=heads,
+            kv_heads=1 if spec.is_mla else kv_heads,
+            out_dim=spec.v_head_dim if spec.is_mla else spec.head_dim,
+            group_size=spec.group_size if spec.bits < 16 else None,
+            q_cost=q * pb,
+            kv_cost=kv * pb + _cache_per_kv(spec) * tokens + _mla_whole(spec, pb),
+            call_cost=EXTRA_CALL_BYTES,
+            other=other,
+        )
+
+    other = None
+    if spec.has_other:
+        window = min(context, spec.sliding_window) if spec.sliding_window else context
+        other = grid(spec.other_heads, spec.other_kv_heads, window, None)
+    return grid(spec.heads, spec.kv_heads, context, other)
 
 
 def widths_for(spec: ModelSpec) -> dict[str, int]:
@@ -172,11 +182,28 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
     sparse = len(spec.sparse_layers)
     dense = spec.layers - sparse
     router = spec.experts * h * spec.param_bytes(router_bits(spec)) * spec.scale
-    full, lin = spec.attention_layers, spec.linear_layers
+    lin = spec.linear_layers
+    # attention layers by kind: their own heads (Step-3.5's sliding ones: share.other) and the
+    # tokens their caches hold (a sliding window's at most)
+    kinds = [
+        [i for i in range(spec.layers) if not spec.is_linear(i) and not spec.is_other(i)],
+        [i for i in range(spec.layers) if spec.is_other(i)],
+    ]
+    tokens = [sum(spec.cached_tokens(i, context) for i in layers) for layers in kinds]
     out = []
     for share in lay.shares:
-        attn = share.n_heads * q * pb + share.n_kv * kv * pb + mla_shared
-        cache = share.n_kv * _cache_per_kv(spec)
+        attn_held = cache = scores = 0.0
+        extra_calls = 0
+        for other, layers, held_tokens in zip((False, True), kinds, tokens, strict=True):
+            part = share.kind(other)
+            if not layers:
+                continue
+            attn = part.n_heads * q * pb + part.n_kv * kv * pb + mla_shared
+            attn_held += len(layers) * attn
+            cache += part.n_kv * _cache_per_kv(spec) * held_tokens
+            # the scores and values over the context each layer holds
+            scores += 4 * part.n_heads * _score_dim(spec) * held_tokens
+            extra_calls += (len(part.blocks) - 1) * len(layers)
         # linear attention (Qwen3.5): its key heads' weights and fixed-size state, per layer
         keys = share.width("linear") // spec.linear_head_columns if spec.is_hybrid else 0
         vectors = spec.linear_head_vectors * spec.dtype_bytes * spec.scale
@@ -188,26 +215,26 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
         mlp = 3 * h * share.width("mlp") * pb
         expert = 3 * h * share.width("expert") * pb
         shared = 3 * h * share.width("shared") * pb
-        held = full * attn + lin * lin_w + spec.layers * norms
+        held = attn_held + lin * lin_w + spec.layers * norms
         held += dense * mlp + sparse * (spec.experts * expert + shared + router)
         read_mlp = dense * mlp + sparse * (spec.experts_per_token * expert + shared + router)
         # a multiply-add per weight read, plus the scores and values over the context
-        scores = 4 * share.n_heads * _score_dim(spec) * context
         flops = (
-            full * (2 * attn / pb + scores) + lin * (2 * lin_w / pb + state_flops),
+            2 * attn_held / pb + scores + lin * (2 * lin_w / pb + state_flops),
             2 * read_mlp / pb,
             2 * spec.outside_layers_active_bytes / pb,
         )
         out.append(
             RankCost(
                 weight_bytes=held + spec.outside_layers_bytes,
-                kv_cache_bytes=cache * full * context + lin * state,
-                attention_read=full * (attn + cache * context)
+                kv_cache_bytes=cache + lin * state,
+                attention_read=attn_held
+                + cache
                 + lin * (lin_w + 2 * state)  # the state is read and written a token
                 + spec.layers * norms,
                 mlp_read=read_mlp,
                 outside_read=spec.outside_layers_active_bytes,
-                extra_calls=(len(share.blocks) - 1) * full,
+                extra_calls=extra_calls,
                 flops=flops,
             )
         )
@@ -256,10 +283,21 @@ def balanced_layout(
 
 def share_summary(share: RankShare, lay: TensorLayout) -> dict[str, object]:
     """What the plan shows of one rank's share."""
+    other: dict[str, object] = {}
+    replicated = share.replicated(lay.grid)
+    if lay.grid.other is not None:  # Step-3.5's sliding layers' own heads
+        mine = share.kind(True)
+        other = {
+            "other_heads": mine.n_heads,
+            "other_kv_heads": mine.n_kv,
+            "other_attention_calls": len(mine.blocks),
+        }
+        replicated = replicated or mine.replicated(lay.grid.other)
     return {
         "heads": share.n_heads,
         "kv_heads": share.n_kv,
-        "kv_replicated": share.replicated(lay.grid),
+        "kv_replicated": replicated,
         "attention_calls": len(share.blocks),
+        **other,
         **{f"{name}_width": share.width(name) for name in share.widths},
     }

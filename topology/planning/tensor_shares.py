@@ -2,8 +2,11 @@
 
 Attention heads are cut by topology/planning/head_tiling.py: each rank holds one to three
 blocks of the grid of heads, one uniform GQA call each. MLP and expert widths are contiguous
-column ranges in whole quantization groups. Pure: the planner lays a model out and the rank
-reads its share back from the job (`RankShare.from_json`).
+column ranges in whole quantization groups. A model with two kinds of attention layers of their
+own head counts (Step-3.5's sliding ones) has a second grid (HeadGrid.other), tiled by the same
+weights into a second set of blocks a rank (RankShare.other, "attention_other" in the job).
+Pure: the planner lays a model out and the rank reads its share back from the job
+(`RankShare.from_json`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ class RankShare:
 
     blocks: Blocks  # attention: rectangles of the grid, one GQA call each
     widths: Mapping[str, tuple[int, int]]  # "mlp" / "expert" / "shared" / "linear": [start, end)
+    # Step-3.5's sliding layers with head counts of their own: rectangles of grid.other
+    other: Blocks = ()
+
+    def kind(self, other: bool) -> RankShare:
+        """The share as one attention kind's layers see it: the other kind's blocks as its
+        own (Step-3.5's sliding layers), else this share."""
+        return RankShare(self.other, self.widths) if other else self
 
     def heads(self, grid: HeadGrid) -> list[int]:
         """Query head indices in the order the rank holds them (block by block, KV head by
@@ -62,40 +72,47 @@ class RankShare:
 
     def to_json(self) -> dict[str, Any]:
         blocks = [[*kv, *cols] for kv, cols in self.blocks]
-        return {"attention": blocks} | {name: list(span) for name, span in self.widths.items()}
+        out: dict[str, Any] = {"attention": blocks}
+        if self.other:
+            out["attention_other"] = [[*kv, *cols] for kv, cols in self.other]
+        return out | {name: list(span) for name, span in self.widths.items()}
 
     @classmethod
     def from_json(cls, raw: Any, grid: HeadGrid, widths: Mapping[str, int]) -> RankShare:
         """A share from a job, checked against the model it is for (InputError when it does
         not fit: the plan was made for another model)."""
         held = {name for name, width in widths.items() if width}
-        if not isinstance(raw, Mapping) or set(raw) - {"attention", *held}:
+        keys = {"attention", "attention_other"} if grid.other else {"attention"}
+        if not isinstance(raw, Mapping) or set(raw) - {*keys, *held}:
             raise InputError(f"tensor share {raw!r}: not a share of this model (re-plan)")
-        blocks = raw.get("attention")
-        if not isinstance(blocks, list) or not blocks or len(blocks) > MAX_BLOCKS:
-            raise InputError(
-                f"tensor share: attention {blocks!r} is not a list of 1 to {MAX_BLOCKS} blocks "
-                "(re-plan)"
-            )
-        rects = []
-        for block in blocks:
-            if not isinstance(block, list | tuple) or len(block) != 4:
-                raise InputError(
-                    f"tensor share: attention block {block!r} is not [kv, kv, col, col]"
-                )
-            rects.append(
-                (
-                    _span(list(block[:2]), grid.kv_heads, "attention kv"),
-                    _span(list(block[2:]), grid.group, "attention cols"),
-                )
-            )
-        kv = [k for (a, b), _ in rects for k in range(a, b)]
-        if len(set(kv)) != len(kv):
-            raise InputError(
-                f"tensor share: attention blocks {blocks!r} repeat a KV head (re-plan)"
-            )
+        blocks = _blocks(raw.get("attention"), grid, "attention")
+        other = (
+            _blocks(raw.get("attention_other"), grid.other, "attention_other") if grid.other else ()
+        )
         spans = {name: _span(raw.get(name), widths[name], name) for name in widths if widths[name]}
-        return cls(tuple(rects), spans)
+        return cls(blocks, spans, other)
+
+
+def _blocks(blocks: Any, grid: HeadGrid, key: str) -> Blocks:
+    """One attention kind's blocks from a job, checked against its grid."""
+    if not isinstance(blocks, list) or not blocks or len(blocks) > MAX_BLOCKS:
+        raise InputError(
+            f"tensor share: {key} {blocks!r} is not a list of 1 to {MAX_BLOCKS} blocks (re-plan)"
+        )
+    rects = []
+    for block in blocks:
+        if not isinstance(block, list | tuple) or len(block) != 4:
+            raise InputError(f"tensor share: {key} block {block!r} is not [kv, kv, col, col]")
+        rects.append(
+            (
+                _span(list(block[:2]), grid.kv_heads, f"{key} kv"),
+                _span(list(block[2:]), grid.group, f"{key} cols"),
+            )
+        )
+    kv = [k for (a, b), _ in rects for k in range(a, b)]
+    if len(set(kv)) != len(kv):
+        raise InputError(f"tensor share: {key} blocks {blocks!r} repeat a KV head (re-plan)")
+    return tuple(rects)
 
 
 def _span(value: Any, limit: int, key: str) -> tuple[int, int]:
@@ -111,12 +128,15 @@ def _span(value: Any, limit: int, key: str) -> tuple[int, int]:
 def check_cover(shares: Sequence[RankShare], grid: HeadGrid, widths: Mapping[str, int]) -> None:
     """Every query head and every column of every width held by exactly one rank, else one
     InputError: shares that overlap or leave a gap would decode wrong tokens, not fail."""
-    heads = [h for share in shares for h in share.heads(grid)]
-    if sorted(heads) != list(range(grid.heads)):
-        raise InputError(
-            f"tensor shares hold {len(heads)} query heads for {grid.heads}, not each exactly "
-            "once (re-plan)"
-        )
+    kinds = [(grid, False)] + ([(grid.other, True)] if grid.other else [])
+    for kind, other in kinds:
+        heads = [h for share in shares for h in share.kind(other).heads(kind)]
+        if sorted(heads) != list(range(kind.heads)):
+            what = "sliding-layer query heads" if other else "query heads"
+            raise InputError(
+                f"tensor shares hold {len(heads)} {what} for {kind.heads}, not each exactly "
+                "once (re-plan)"
+            )
     for name, width in widths.items():
         if not width:
             continue
@@ -173,12 +193,12 @@ def layout(
     n = len(weights)
     tiles = tile_heads(grid, weights)
     if tiles is None:
-        if grid.heads < n:
-            return f"at least {n} attention heads (the model has {grid.heads})"
-        return (
-            f"attention heads in whole quantization groups of {grid.group_size} columns "
-            f"({grid.heads} heads of {grid.out_dim})"
-        )
+        return _untiled(grid, n, "attention heads")
+    # Step-3.5's sliding layers' own heads, shared by the same weights
+    others = tile_heads(grid.other, weights) if grid.other else [()] * n
+    if others is None:
+        assert grid.other is not None
+        return _untiled(grid.other, n, "sliding-layer attention heads")
     spans: dict[str, list[tuple[int, int]]] = {}
     for name, width in widths.items():
         if not width:
@@ -189,7 +209,16 @@ def layout(
             return f"{name} width {width} in at least {n} pieces of {unit} columns"
         spans[name] = split
     shares = tuple(
-        RankShare(blocks, {name: spans[name][r] for name in spans})
+        RankShare(blocks, {name: spans[name][r] for name in spans}, others[r])
         for r, blocks in enumerate(tiles)
     )
     return TensorLayout(grid, shares)
+
+
+def _untiled(grid: HeadGrid, n: int, what: str) -> str:
+    if grid.heads < n:
+        return f"at least {n} {what} (the model has {grid.heads})"
+    return (
+        f"{what} in whole quantization groups of {grid.group_size} columns "
+        f"({grid.heads} heads of {grid.out_dim})"
+    )

@@ -201,7 +201,7 @@ def _rank(i: int, r: Any) -> RankPlan:
 
 _SUMMARY = (
     "heads", "kv_heads", "attention_calls", "mlp_width", "expert_width", "shared_width",
-    "linear_width",
+    "linear_width", "other_heads", "other_kv_heads", "other_attention_calls",
 )  # fmt: skip
 
 
@@ -230,18 +230,19 @@ def _share(value: Any, key: str) -> dict[str, Any] | None:
     if value is None:
         return None
     widths = {"mlp", "expert", "shared", "linear"}  # linear: Qwen3.5's linear attention
-    if not isinstance(value, Mapping) or set(value) - {"attention", *widths}:
+    blocks = {"attention", "attention_other"}  # attention_other: Step-3.5's sliding layers
+    if not isinstance(value, Mapping) or set(value) - {*blocks, *widths}:
         raise ValueError(
-            f"{key}: must be an object of attention blocks and mlp, expert, shared, linear"
+            f"{key}: must be an object of attention(_other) blocks and mlp, expert, shared, linear"
         )
     out: dict[str, Any] = {}
     for name, span in value.items():
-        if name == "attention":
+        if name in blocks:
             if not isinstance(span, list) or not all(
                 isinstance(b, list) and len(b) == 4 for b in span
             ):
-                raise ValueError(f"{key}.attention: must be a list of [kv, kv, col, col] blocks")
-            out[name] = [[_int(v, f"{key}.attention", 0, 1 << 24) for v in b] for b in span]
+                raise ValueError(f"{key}.{name}: must be a list of [kv, kv, col, col] blocks")
+            out[name] = [[_int(v, f"{key}.{name}", 0, 1 << 24) for v in b] for b in span]
             continue
         if not isinstance(span, list) or len(span) != 2:
             raise ValueError(f"{key}.{name}: must be [start, end]")
