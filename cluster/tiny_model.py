@@ -354,12 +354,7 @@ class TinySpec:
             raise InputError(
                 f"--other-kv-heads {s.other_kv_heads} must divide --other-heads {s.other_heads}"
             )
-        rotary = int(s.head_dim * STEP3P5_ROTARY)
-        if rotary < 2 or rotary % 2:
-            raise InputError(
-                f"the head size {s.head_dim} gives {rotary} rotary dimensions at Step-3.5's "
-                f"{STEP3P5_ROTARY} on full layers: make it a multiple of 4"
-            )
+        _check_rotary(s.head_dim, STEP3P5_ROTARY, "Step-3.5's", "on full layers: ", 4)
 
     def _check_linear(self, s: Shape) -> None:
         if s.linear_value_heads % s.linear_key_heads:
@@ -372,12 +367,7 @@ class TinySpec:
                 f"--full-attention-interval must be from 2 to --layers {self.layers} (got "
                 f"{s.full_attention_interval}): a linear and a full-attention layer at least"
             )
-        rotary = int(s.head_dim * QWEN3_5_ROTARY)
-        if rotary < 2 or rotary % 2:
-            raise InputError(
-                f"the head size {s.head_dim} gives {rotary} rotary dimensions at Qwen3.5's "
-                f"{QWEN3_5_ROTARY}: make it a multiple of 8"
-            )
+        _check_rotary(s.head_dim, QWEN3_5_ROTARY, "Qwen3.5's", "", 8)
 
     def _check_experts(self, s: Shape) -> None:
         if s.experts_per_token > s.experts:
@@ -528,6 +518,16 @@ def _given(value: T | None, default: T) -> T:
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")
+
+
+def _check_rotary(head_dim: int, fraction: float, family: str, where: str, multiple: int) -> None:
+    """A partial rotary fraction must give an even number of rotary dimensions, at least 2."""
+    rotary = int(head_dim * fraction)
+    if rotary < 2 or rotary % 2:
+        raise InputError(
+            f"the head size {head_dim} gives {rotary} rotary dimensions at {family} "
+            f"{fraction} {where}make it a multiple of {multiple}"
+        )
 
 
 def write_tiny_model(

@@ -311,28 +311,17 @@ def check_same_as_single_process(ranks: list[Rank], ref: Reference, layers: int)
 def check_tiles(shares: list[RankShare], cfg: dict[str, Any]) -> None:
     """Every query head on exactly one rank; every width cut into contiguous spans."""
     spec = spec_from_config(cfg)
-    heads = spec.heads
-    kv = 1 if spec.is_mla else spec.kv_heads
-    group = heads // kv
-    held = sorted(
-        k * group + c
-        for s in shares
-        for kv, cols in s.blocks
-        for k in range(*kv)
-        for c in range(*cols)
-    )
-    assert held == list(range(heads))
+    kinds = [(spec.heads, 1 if spec.is_mla else spec.kv_heads, False)]
     if spec.has_other:  # Step-3.5's sliding layers' own heads, each held once too
-        group = spec.other_heads // spec.other_kv_heads
+        kinds.append((spec.other_heads, spec.other_kv_heads, True))
+    for heads, kv_heads, other in kinds:
+        group = heads // kv_heads
+        blocks = [b for s in shares for b in (s.other if other else s.blocks)]
         held = sorted(
-            k * group + c
-            for s in shares
-            for kv, cols in s.other
-            for k in range(*kv)
-            for c in range(*cols)
+            k * group + c for kv, cols in blocks for k in range(*kv) for c in range(*cols)
         )
-        assert held == list(range(spec.other_heads))
-    else:
+        assert held == list(range(heads))
+    if not spec.has_other:
         assert all(not s.other for s in shares)
     for name in shares[0].widths:
         spans = [s.widths[name] for s in shares]
