@@ -67,7 +67,9 @@ def test_a_waiting_rank_sleeps_instead_of_spinning_and_sums_stay_exact() -> None
     waited, spun = sleeping[1], spinning[1]
     assert waited["wall"] >= 1.4 and spun["wall"] >= 1.4
     assert waited["cpu"] < 0.3, waited  # asleep in recv()
-    assert spun["cpu"] > 0.7, spun  # MLX's own loop: a core while it waits
+    # MLX's own loop takes a core while it waits, or its share of one on a busy machine (0.4 s
+    # of 1.5 s seen beside the suite's other workers): still far above the sleeper's
+    assert spun["cpu"] > max(0.35, 4 * waited["cpu"]), (spun, waited)
     assert waited["wall"] < 1.5 + 0.5  # and it wakes when the data comes
 
 

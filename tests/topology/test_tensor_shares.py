@@ -23,6 +23,7 @@ from topology.model.spec import TENSOR_FAMILIES, UNEVEN_FAMILIES, ModelSpec, spe
 from topology.planning.head_tiling import HeadGrid, run_blocks, tile_heads
 from topology.planning.placement import pipeline_loads
 from topology.planning.plan import Plan, plan_cluster
+from topology.planning.report import plan_text
 from topology.planning.predict import stage_read_bytes, tensor_seconds, tok_s
 from topology.planning.serving import rank_kv_bytes_per_token
 from topology.planning.tensor_costs import (
@@ -906,3 +907,8 @@ def test_step3p5_plans_tensor_over_three_ultras_and_round_trips() -> None:
     assert all("attention_other" in r["tensor_share"] for r in raw["ranks"])
     assert Plan.from_json(raw).to_json() == raw
     assert plan_layout(s, Plan.from_json(raw)).shares == plan_layout(s, plan).shares
+    # the text plan names each rank's sliding heads too
+    text = plan_text(plan)
+    for r in raw["ranks"]:
+        assert f"{r['other_heads']} sliding heads" in text, text
+        assert f"{r['other_kv_heads']} sliding KV" in text, text

@@ -22,11 +22,16 @@ def _share(r: RankPlan) -> str:
         return "-"
     kv = f"{s['kv_heads']} KV" + (" (replicated)" if s.get("kv_replicated") else "")
     widths = [f"{name.removesuffix('_width')} {s[name]}" for name in s if name.endswith("_width")]
-    calls = s.get("attention_calls", 1)
-    heads = f"{s['heads']} heads" + (
-        f" in {calls} calls" if isinstance(calls, int) and calls > 1 else ""
-    )
-    return ", ".join([heads, kv, *widths])
+    parts = [_heads(s["heads"], s.get("attention_calls", 1), ""), kv]
+    if "other_heads" in s:  # Step-3.5's sliding layers, with head counts of their own
+        sliding = _heads(s["other_heads"], s.get("other_attention_calls", 1), "sliding ")
+        parts += [sliding, f"{s.get('other_kv_heads')} sliding KV"]
+    return ", ".join([*parts, *widths])
+
+
+def _heads(count: object, calls: object, kind: str) -> str:
+    many = isinstance(calls, int) and calls > 1
+    return f"{count} {kind}heads" + (f" in {calls} calls" if many else "")
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
