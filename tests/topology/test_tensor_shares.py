@@ -23,8 +23,8 @@ from topology.model.spec import TENSOR_FAMILIES, UNEVEN_FAMILIES, ModelSpec, spe
 from topology.planning.head_tiling import HeadGrid, run_blocks, tile_heads
 from topology.planning.placement import pipeline_loads
 from topology.planning.plan import Plan, plan_cluster
-from topology.planning.report import plan_text
 from topology.planning.predict import stage_read_bytes, tensor_seconds, tok_s
+from topology.planning.report import plan_text
 from topology.planning.serving import rank_kv_bytes_per_token
 from topology.planning.tensor_costs import (
     grid_for,
