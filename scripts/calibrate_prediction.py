@@ -12,6 +12,20 @@ Published figures (all on Mac Studio M3 Ultra 512 GB, decode tok/s):
   as a ratio on Qwen3 235B 8-bit over 2 nodes).
 Fitted: the decode bandwidth efficiency from the 1-node rows, the per-step overhead of a
 distributed step (base + per extra rank) from the 2- and 4-node exo rows of Qwen3 and DeepSeek.
+
+Prefill (prompt tok/s on one Mac, the chip table's assumed compute; prefill_rows()):
+- mlx-lm, Llama 3.3 70B 4-bit on an M3 Max 64 GB (40-core GPU), prompts of 689 to 30,136
+  tokens: 83.6 ... 58.1 tok/s (https://github.com/ml-explore/mlx-examples/issues/1029). The
+  689-token row sets the q4 efficiency (chips.PREFILL_MATMUL_EFFICIENCY); the longer prompts
+  are held out (how the prediction scales with the prompt).
+- mlx-lm, Mistral 7B 4-bit on an M2 Ultra (192 GB: 76 cores), a 33,898-token prompt: 869 tok/s
+  (https://github.com/ml-explore/mlx-lm/pull/40). Held out (M2's bfloat16, a long prompt).
+- Rapid-MLX on mlx 0.31.2, Phi-4-mini 4-bit on an M3 Ultra 256 GB (60 cores), 512 tokens:
+  2,197 tok/s (https://github.com/raullenchai/Rapid-MLX/pull/585). Held out.
+- llama.cpp pp512 of LLaMA-2 7B F16 per chip and GPU core count
+  (https://github.com/ggml-org/llama.cpp/discussions/4167): another engine, so only the shape
+  of the peak table (cores x clock) is checked: one ratio is fitted to the M2 Ultra 76-core row,
+  every other chip is held out.
 """
 
 from __future__ import annotations
@@ -21,14 +35,22 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from topology import chips  # noqa: E402
 from topology.chips import BACKENDS  # noqa: E402
+from topology.facts import HostFacts  # noqa: E402
 from topology.model.spec import ModelSpec, spec_from_config  # noqa: E402
-from topology.planning.predict import pipeline_seconds, tensor_seconds  # noqa: E402
+from topology.planning.plan import plan_local  # noqa: E402
+from topology.planning.predict import (  # noqa: E402
+    pipeline_seconds,
+    stage_flops,
+    tensor_seconds,
+)
+from topology.planning.tensor_costs import rank_costs, tensor_layout  # noqa: E402
 
 M3_ULTRA_GBS = 819.0
 CONTEXT = 512  # the published runs used short prompts; the KV cache barely matters here
@@ -57,7 +79,10 @@ def specs() -> dict[str, ModelSpec]:
 
 
 def tensor_tok_s(spec: ModelSpec, n: int, backend: str = "jaccl") -> float:
-    seconds, _ = tensor_seconds(spec, [M3_ULTRA_GBS] * n, BACKENDS[backend], CONTEXT)
+    lay = tensor_layout(spec, [1.0] * n, CONTEXT)  # equal Macs: equal shares
+    assert not isinstance(lay, str), lay
+    costs = rank_costs(spec, lay, CONTEXT)
+    seconds, _ = tensor_seconds(spec, costs, [M3_ULTRA_GBS] * n, BACKENDS[backend])
     return 1 / seconds
 
 
@@ -129,6 +154,128 @@ def refit() -> tuple[float, float, float]:
     return eff, base, per_rank
 
 
+def _llama(name: str, **cfg: Any) -> ModelSpec:
+    """A llama-shaped spec from the public config.json figures of a model not in the fixtures."""
+    config = {"model_type": "llama", "torch_dtype": "bfloat16", **cfg}
+    return spec_from_config(config, source=name)
+
+
+def prefill_specs() -> dict[str, ModelSpec]:
+    llama70 = _spec("llama-3.3-70b-instruct-bf16")
+    q4 = {"bits": 4, "group_size": 64}
+    return {
+        "Llama 3.3 70B 4-bit": dataclasses.replace(llama70, **q4, source="llama-3.3-70b-4bit"),
+        # Mistral-7B-Instruct-v0.3's config.json; 4-bit as mlx-community quantizes it
+        "Mistral 7B 4-bit": dataclasses.replace(
+            _llama(
+                "mistral-7b",
+                hidden_size=4096,
+                intermediate_size=14336,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+                num_hidden_layers=32,
+                vocab_size=32768,
+            ),
+            **q4,
+        ),
+        # Phi-4-mini-instruct's config.json (phi3: fused qkv and gate_up, the same weights)
+        "Phi-4-mini 4-bit": dataclasses.replace(
+            _llama(
+                "phi-4-mini",
+                hidden_size=3072,
+                intermediate_size=8192,
+                num_attention_heads=24,
+                num_key_value_heads=8,
+                num_hidden_layers=32,
+                vocab_size=200064,
+                tie_word_embeddings=True,
+            ),
+            **q4,
+        ),
+        # LLaMA-2 7B (llama.cpp's benchmark model), float16
+        "LLaMA-2 7B F16": _llama(
+            "llama-2-7b",
+            hidden_size=4096,
+            intermediate_size=11008,
+            num_attention_heads=32,
+            num_hidden_layers=32,
+            vocab_size=32000,
+            torch_dtype="float16",
+        ),
+    }
+
+
+# (model, chip as sysctl names it, memory GB, prompt tokens, published prompt tok/s, source)
+MLX_PREFILL = [
+    ("Llama 3.3 70B 4-bit", "Apple M3 Max", 64, 689, 83.567, "mlx-examples #1029"),
+    ("Llama 3.3 70B 4-bit", "Apple M3 Max", 64, 4126, 79.410, "mlx-examples #1029"),
+    ("Llama 3.3 70B 4-bit", "Apple M3 Max", 64, 16003, 67.948, "mlx-examples #1029"),
+    ("Llama 3.3 70B 4-bit", "Apple M3 Max", 64, 30136, 58.080, "mlx-examples #1029"),
+    ("Mistral 7B 4-bit", "Apple M2 Ultra", 192, 33898, 869.279, "mlx-lm #40"),
+    ("Phi-4-mini 4-bit", "Apple M3 Ultra", 256, 512, 2197.19, "Rapid-MLX #585"),
+]
+PREFILL_FIT = 0  # the row that sets the q4 efficiency
+# llama.cpp pp512, LLaMA-2 7B F16 (discussion #4167): (chip, GPU cores, tok/s)
+LLAMA_CPP_F16 = [
+    ("M1 Max", 32, 599.53), ("M1 Ultra", 48, 875.81), ("M1 Ultra", 64, 1168.89),
+    ("M2 Max", 38, 755.67), ("M2 Ultra", 60, 1128.59), ("M2 Ultra", 76, 1401.85),
+    ("M3 Max", 40, 779.17), ("M3 Ultra", 60, 1121.80), ("M3 Ultra", 80, 1538.34),
+    ("M4", 10, 230.18), ("M4 Pro", 20, 464.48), ("M4 Max", 40, 922.83),
+]  # fmt: skip
+LLAMA_CPP_FIT = ("M2 Ultra", 76)
+
+
+def mlx_prefill_tok_s(spec: ModelSpec, chip: str, memory_gb: int, prompt: int) -> float:
+    """The planner's prompt tok/s for one rank on a Mac never measured (chip table rates)."""
+    host = HostFacts(name="mac", chip=chip, memory_bytes=memory_gb * chips.GIB)
+    plan = plan_local(host, 1, spec, context=max(prompt, 512), prompt_tokens=prompt)
+    return plan.predicted_prefill_tok_s or 0.0
+
+
+def _flops_per_token(spec: ModelSpec, context: int) -> float:
+    """The planner's FLOPs a prompt token at this context (its layers and the LM head)."""
+    head = 2 * spec.outside_layers_active_bytes / (spec.param_bytes(spec.bits) * spec.scale)
+    return stage_flops(spec, (0, spec.layers), context) + head
+
+
+def prefill_rows() -> list[tuple[str, str, float, float]]:
+    s = prefill_specs()
+    out = []
+    for i, (name, chip, gb, prompt, published, source) in enumerate(MLX_PREFILL):
+        tag = " (fit)" if i == PREFILL_FIT else ""
+        setup = f"{chips.chip_key(chip)} {gb} GB, {prompt:,} tok"
+        predicted = mlx_prefill_tok_s(s[name], chip, gb, prompt)
+        out.append((f"{source} {name}{tag}", setup, published, predicted))
+    llama = s["LLaMA-2 7B F16"]
+    flops = _flops_per_token(llama, 512)
+
+    def peak(key: str, cores: int) -> float:
+        return chips.gpu_bin(key, cores).peak_tflops * 1e12
+
+    ratio = dict(((k, c), t) for k, c, t in LLAMA_CPP_F16)[LLAMA_CPP_FIT] * flops
+    ratio /= peak(*LLAMA_CPP_FIT)
+    for key, cores, published in LLAMA_CPP_F16:
+        tag = " (fit)" if (key, cores) == LLAMA_CPP_FIT else ""
+        predicted = peak(key, cores) * ratio / flops
+        out.append(
+            (f"llama.cpp pp512 LLaMA-2 7B F16{tag}", f"{key} {cores}c", published, predicted)
+        )
+    return out
+
+
+def refit_prefill() -> float:
+    """The q4 efficiency that would make the fit row exact."""
+    name, chip, gb, prompt, published, _ = MLX_PREFILL[PREFILL_FIT]
+    predicted = mlx_prefill_tok_s(prefill_specs()[name], chip, gb, prompt)
+    return chips.PREFILL_MATMUL_EFFICIENCY["q4"] * published / predicted
+
+
+def _print(rows: list[tuple[str, str, float, float]]) -> None:
+    for what, setup, published, predicted in rows:
+        err = (predicted - published) / published * 100
+        print(f"{what:<42} {setup:<24} {published:>9.1f} {predicted:>9.1f} {err:>+6.1f}%")
+
+
 def main() -> int:
     print(f"{'published run':<42} {'setup':<18} {'published':>9} {'predicted':>9} {'error':>7}")
     for what, setup, published, predicted in rows():
@@ -149,6 +296,12 @@ def main() -> int:
     ]
     for label, in_use, fitted, fmt in table:
         print(f"  {label:<34} {fmt.format(in_use):<10} {fmt.format(fitted)}")
+    print()
+    print("Prefill, prompt tok/s on one Mac (chip table compute, not measured):")
+    print(f"{'published run':<42} {'setup':<24} {'published':>9} {'predicted':>9} {'error':>7}")
+    _print(prefill_rows())
+    q4 = chips.PREFILL_MATMUL_EFFICIENCY["q4"]
+    print(f"  {'prefill q4 matmul efficiency':<34} {q4:<10.3f} {refit_prefill():.3f}")
     return 0
 
 

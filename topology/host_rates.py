@@ -42,7 +42,12 @@ class HostRates:
 
     def gflops(self, kind: str, rows: int) -> float | None:
         """Throughput at `rows` rows for this weight kind: measured points joined linearly in
-        log(rows), flat beyond the ends; None when the kind was not measured."""
+        log(rows), flat beyond the ends; None when the kind was not measured. An assumed rate
+        (the chip table's prefill figure) says nothing of a one-row step: decode stays modelled
+        by memory alone, as before the table (DeepSeek's latent attention at a long context
+        would otherwise turn compute-bound on the table's figure)."""
+        if self.source == "assumed" and rows <= 1:
+            return None
         return _between(self.matmul_gflops.get(kind, {}), rows)
 
     def shared_gflops(

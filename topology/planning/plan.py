@@ -13,12 +13,16 @@ from typing import Any
 from topology.addresses import rank_addresses
 from topology.chips import (
     BACKENDS,
+    PREFILL_ROWS,
     BackendCost,
+    assumed_rates,
+    gpu_chip,
     host_bandwidth_gbs,
     usable_memory_bytes,
 )
 from topology.errors import InputError
 from topology.facts import CheckResult, HostFacts, Problem
+from topology.host_rates import HostRates, weight_kind
 from topology.links import LinkGraph, find_ring
 from topology.model.spec import ModelSpec
 from topology.planning.calibration import (
@@ -32,7 +36,7 @@ from topology.planning.memory_input import check_weights_fit, check_wired_limits
 from topology.planning.options import Option, pipeline_option, tensor_option
 from topology.planning.placement import Slot
 from topology.planning.predict import tensor_comms_s, tok_s
-from topology.planning.prefill import DEFAULT_PROMPT_TOKENS, ttft_seconds
+from topology.planning.prefill import DEFAULT_PROMPT_TOKENS, compute_source, ttft_seconds
 from topology.planning.tensor_costs import share_summary
 from topology.planning.types import DEFAULT_CONTEXT, Plan, RankPlan
 from topology.problems import unknown_hosts
@@ -87,7 +91,10 @@ def _choose(options: Sequence[Option], strategy: str, n: int) -> tuple[Option | 
 
 
 def _assumptions(
-    hosts: Sequence[HostFacts], calibration: Calibration | None = None, cost_name: str = ""
+    hosts: Sequence[HostFacts],
+    calibration: Calibration | None = None,
+    cost_name: str = "",
+    kind: str = "bfloat16",  # the model's weight kind, whose assumed rate is named
 ) -> list[str]:
     unchecked = [
         f"the memory of {h.name} (not a Mac) is unknown: not checked (set wired_limit_gb for it "
@@ -102,13 +109,47 @@ def _assumptions(
         for h in hosts
         if _bandwidth(h, calibration) is None
     ]
-    unmeasured = [h.name for h in hosts if h.rates is None]
-    if unmeasured:
-        unchecked.append(
-            f"compute of {', '.join(unmeasured)} not measured (no rates.json): predicted from "
+    unchecked += _compute_notes([h for h in hosts if h.rates is None], kind)
+    return unchecked
+
+
+def _compute_notes(unmeasured: Sequence[HostFacts], kind: str) -> list[str]:
+    """What was assumed of hosts without rates.json: a Mac in the chip table gets its figure
+    (one line per chip and bin), anything else is planned by memory alone."""
+    by_chip: dict[tuple[str, int], list[str]] = {}
+    figures: dict[tuple[str, int], float] = {}
+    alone = []
+    for h in unmeasured:
+        rates = assumed_rates(h)
+        gpu = gpu_chip(h.chip, h.memory_bytes)
+        if rates is None or gpu is None:
+            alone.append(h.name)
+            continue
+        by_chip.setdefault((gpu.key, gpu.cores), []).append(h.name)
+        figures[(gpu.key, gpu.cores)] = (rates.gflops(kind, PREFILL_ROWS) or 0.0) / 1e3
+    notes = [
+        f"compute of {', '.join(names)} not measured: {key} ({cores}-core GPU) {PREFILL_ROWS}-row "
+        f"{kind} matmul assumed at {figures[(key, cores)]:.1f} TFLOP/s from the chip table "
+        "(prefill and time to first token rest on it); run `mlx-cluster topology check` "
+        "(the microbenchmark, rates.json) to measure it"
+        for (key, cores), names in by_chip.items()
+    ]
+    if alone:
+        notes.append(
+            f"compute of {', '.join(alone)} not measured (no rates.json): predicted from "
             "memory bandwidth alone, too fast where compute binds (prefill, CPU hosts)"
         )
-    return unchecked
+    return notes
+
+
+def _kind(spec: ModelSpec) -> str:
+    """The weight kind whose rate the model's matmuls run at (as options.rank_rates asks)."""
+    return weight_kind("float32" if spec.dtype_bytes == 4 else "bfloat16", spec.bits)
+
+
+def _rates(h: HostFacts) -> HostRates | None:
+    """Measured rates win; a Mac never measured gets its chip table figure."""
+    return h.rates or assumed_rates(h)
 
 
 def _bandwidth(h: HostFacts, calibration: Calibration | None) -> float | None:
@@ -188,7 +229,8 @@ def _plan(
         context, roofline_decode_tok_s=tok_s(chosen.roofline_s or 0.0),
         model_info=spec.summary(), prompt_tokens=prompt_tokens,
         predicted_ttft_s=round(ttft, 4) if ttft else None,
-        predicted_prefill_tok_s=round(prompt_tokens / ttft, 1) if ttft else None, **extra,
+        predicted_prefill_tok_s=round(prompt_tokens / ttft, 1) if ttft else None,
+        compute_source=compute_source(slots) if ttft else None, **extra,
     )  # fmt: skip
 
 
@@ -272,7 +314,7 @@ def _slots(
             ip=ip,
             memory_checked=h.is_mac,
             limit_given=h.wired_limit_bytes is not None,
-            rates=h.rates,
+            rates=_rates(h),
         )
         for h, ip in zip(hosts, ips, strict=True)
     ]
@@ -308,7 +350,7 @@ def plan_cluster(
     return _plan(
         spec, _slots(hosts, ips, calibration), strategy, chosen, chosen or "ring", context, base,
         calibration, prompt_tokens,
-        assumptions=tuple(_assumptions(hosts, calibration, chosen or "ring")),
+        assumptions=tuple(_assumptions(hosts, calibration, chosen or "ring", _kind(spec))),
     )  # fmt: skip
 
 
@@ -337,12 +379,12 @@ def plan_local(
         LOCAL_IP,
         limit_given=host.wired_limit_bytes is not None,
         # the ranks share this machine's cores as they share its memory bandwidth
-        rates=host.rates,
+        rates=_rates(host),
         ranks_here=n,
     )
     notes = [
         f"{n} ranks share this machine's memory and memory bandwidth",
-        *_assumptions([host], calibration, "ring-local"),
+        *_assumptions([host], calibration, "ring-local", _kind(spec)),
     ]
     rates = host.rates
     if rates is not None and rates.device == "cpu" and n > rates.threads:

@@ -3,7 +3,9 @@
 Each chunk is one step of the step-time model (predict.py) at that many rows: weights read once
 a chunk, the KV cache as far as the chunk reaches, FLOPs × rows over each rank's measured
 throughput at that row count — on a Mac, prefill is compute-bound, so only a measured host gives
-a figure. Pipeline stages run a chunk one after the other (mlx-lm does not overlap them).
+a figure: a rates.json, or for a Mac never measured the chip table's assumed rate
+(topology/chips.py; the plan says which). Pipeline stages run a chunk one after the other
+(mlx-lm does not overlap them).
 """
 
 from __future__ import annotations
@@ -20,11 +22,21 @@ from topology.planning.tensor_costs import rank_costs
 DEFAULT_PROMPT_TOKENS = 1024
 
 
+def compute_source(slots: Sequence[Slot]) -> str | None:
+    """Where the ranks' compute figures come from: "measured" (every host's rates.json),
+    "assumed" (every host's chip table figure), "mixed"; None when a rank has neither."""
+    sources = {s.rates.source if s.rates else None for s in slots}
+    if None in sources or not sources:
+        return None
+    return sources.pop() if len(sources) == 1 else "mixed"
+
+
 def ttft_seconds(
     spec: ModelSpec, option: Option, slots: Sequence[Slot], cost: BackendCost, prompt_tokens: int
 ) -> float | None:
     """Seconds from a prompt of `prompt_tokens` to its first token; None when a rank's compute
-    was not measured (memory alone would call a 512-row chunk as cheap as one token)."""
+    is neither measured nor in the chip table (memory alone would call a 512-row chunk as cheap
+    as one token)."""
     if prompt_tokens < 1 or any(s.rates is None for s in slots):
         return None
     bandwidths = [s.bandwidth_gbs for s in slots]

@@ -7,6 +7,13 @@ from collections.abc import Sequence
 from topology.planning.options import gib
 from topology.planning.plan import Plan, RankPlan
 
+# How far to trust the prefill figure: a measured rate, or the chip table's assumption.
+_SOURCE = {
+    "measured": " (compute measured)",
+    "assumed": " (compute assumed from the chip table, not measured)",
+    "mixed": " (compute measured on some hosts, assumed from the chip table on others)",
+}
+
 
 def _layers(plan: Plan, r: RankPlan) -> str:
     start, end = r.layers
@@ -68,9 +75,13 @@ def plan_text(plan: Plan) -> str:
             lines.append(
                 f"Predicted prefill: {plan.predicted_prefill_tok_s:.1f} tok/s, first token after "
                 f"{plan.predicted_ttft_s:.2f} s for a {plan.prompt_tokens}-token prompt"
+                + _SOURCE.get(plan.compute_source or "", "")
             )
         else:
-            lines.append("Predicted prefill: not predicted (a host's compute was not measured)")
+            lines.append(
+                "Predicted prefill: not predicted (a host's compute was not measured and its "
+                "chip is not in the chip table)"
+            )
     lines.append(f"Why: {plan.reason}")
     if plan.ranks:
         shares = any(r.share_summary for r in plan.ranks)

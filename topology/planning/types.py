@@ -72,6 +72,9 @@ class Plan:
     prompt_tokens: int = 0  # the prompt the prefill figures are for
     predicted_ttft_s: float | None = None  # None: a host's compute was not measured
     predicted_prefill_tok_s: float | None = None
+    # what the prefill figures rest on: "measured" (rates.json), "assumed" (the chip table),
+    # "mixed"; None with them
+    compute_source: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -105,6 +108,7 @@ class Plan:
             "prompt_tokens": self.prompt_tokens,
             "predicted_ttft_s": self.predicted_ttft_s,
             "predicted_prefill_tok_s": self.predicted_prefill_tok_s,
+            "compute_source": self.compute_source,
             "reason": self.reason,
             "problems": [p.to_json() for p in self.problems],
             "assumptions": list(self.assumptions),
@@ -146,6 +150,7 @@ class Plan:
             predicted_prefill_tok_s=_seconds(
                 raw.get("predicted_prefill_tok_s"), "predicted_prefill_tok_s"
             ),
+            compute_source=_compute_source(raw.get("compute_source")),
         )
 
 
@@ -215,6 +220,15 @@ def _summary(r: Mapping[str, Any], key: str) -> dict[str, Any]:
     if "kv_replicated" in r:
         out["kv_replicated"] = r["kv_replicated"] is True
     return out
+
+
+COMPUTE_SOURCES = ("measured", "assumed", "mixed")
+
+
+def _compute_source(value: Any) -> str | None:
+    if value is not None and value not in COMPUTE_SOURCES:
+        raise ValueError(f"compute_source: {show(value)} is not measured, assumed or mixed")
+    return value
 
 
 def _seconds(value: Any, key: str) -> float | None:
