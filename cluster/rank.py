@@ -27,7 +27,7 @@ import traceback
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from cluster import blas, heap
+from cluster import blas, heap, transformers_table
 from cluster.job import RankJob, event_line
 from topology.errors import InputError
 
@@ -211,6 +211,7 @@ def main() -> int:
         stderr.write(event_line("error", rank=job.rank, kind="input", message=str(e)))
         return EXIT_INPUT
     heap.return_freed_buffers()  # before MLX allocates: RSS then follows what MLX holds
+    transformers_table.install()  # before mlx-lm imports transformers: half its import CPU
     _start_guard(job)
     stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     reporter = Reporter(stderr, job.rank)

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from cluster import transformers_table
 from topology.errors import InputError, one_line
 
 # Each command's module is imported when that command runs (or `--help` lists them): serve's
@@ -54,6 +55,7 @@ def _error(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; bad input is one line on stderr and exit 2, never a traceback."""
+    transformers_table.install()  # serve, demo, tiny-model: half of transformers' import CPU
     try:
         rv = cli.main(args=argv, prog_name="mlx-cluster", standalone_mode=False)
     except InputError as e:
