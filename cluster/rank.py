@@ -89,8 +89,9 @@ def _memory() -> dict[str, int]:
 def _steps() -> dict[str, float]:
     """A serving rank's median decoding step since its last heartbeat (cluster/serve/step_times.py;
     looked up, not imported, so a rank that does not serve never loads it)."""
-    times = sys.modules.get("cluster.serve.step_times")
-    step_s = None if times is None else times.take()
+    # getattr: the module is in sys.modules while the main thread still runs its body
+    take = getattr(sys.modules.get("cluster.serve.step_times"), "take", None)
+    step_s = None if take is None else take()
     return {} if step_s is None else {"step_s": round(step_s, 6)}
 
 

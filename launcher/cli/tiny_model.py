@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -98,42 +99,7 @@ WINDOW = Number(int, 1, 1 << 20)
 @click.option(
     "--other-kv-heads", type=HEADS, default=None, help="step3p5: their KV heads [kv-heads]"
 )
-def tiny_model(
-    directory: Path,
-    family: str,
-    layers: int,
-    hidden: int,
-    heads: int,
-    kv_heads: int,
-    intermediate: int | None,
-    quantize_bits: int | None,
-    group_size: int,
-    seed: int,
-    head_dim: int | None,
-    experts: int | None,
-    experts_per_token: int | None,
-    moe_intermediate: int | None,
-    shared_experts: int | None,
-    dense_layers: int | None,
-    sparse_step: int | None,
-    expert_groups: int | None,
-    groups_per_token: int | None,
-    q_lora_rank: int | None,
-    kv_lora_rank: int | None,
-    qk_rope_dim: int | None,
-    qk_nope_dim: int | None,
-    v_head_dim: int | None,
-    rotary_fraction: float | None,
-    qk_norm: bool | None,
-    sliding_window: int | None,
-    linear_key_heads: int | None,
-    linear_value_heads: int | None,
-    linear_key_head_dim: int | None,
-    linear_value_head_dim: int | None,
-    full_attention_interval: int | None,
-    other_heads: int | None,
-    other_kv_heads: int | None,
-) -> int:
+def tiny_model(directory: Path, **options: Any) -> int:
     """Write a random-weight FAMILY model (split per layer, offline tokenizer) into DIRECTORY.
 
     mlx-lm loads it like a real checkpoint; its text is gibberish by design. The options after
@@ -142,42 +108,10 @@ def tiny_model(
     """
     from cluster.tiny_model import write_tiny_model  # imports MLX: only when asked
 
-    out = write_tiny_model(
-        directory,
-        family=family,
-        layers=layers,
-        hidden=hidden,
-        heads=heads,
-        kv_heads=kv_heads,
-        intermediate=intermediate,
-        quantize_bits=quantize_bits,
-        group_size=group_size,
-        seed=seed,
-        head_dim=head_dim,
-        experts=experts,
-        experts_per_token=experts_per_token,
-        moe_intermediate=moe_intermediate,
-        shared_experts=shared_experts,
-        dense_layers=dense_layers,
-        sparse_step=sparse_step,
-        expert_groups=expert_groups,
-        groups_per_token=groups_per_token,
-        q_lora_rank=q_lora_rank,
-        kv_lora_rank=kv_lora_rank,
-        qk_rope_dim=qk_rope_dim,
-        qk_nope_dim=qk_nope_dim,
-        v_head_dim=v_head_dim,
-        rotary_fraction=rotary_fraction,
-        qk_norm=qk_norm,
-        sliding_window=sliding_window,
-        linear_key_heads=linear_key_heads,
-        linear_value_heads=linear_value_heads,
-        linear_key_head_dim=linear_key_head_dim,
-        linear_value_head_dim=linear_value_head_dim,
-        full_attention_interval=full_attention_interval,
-        other_heads=other_heads,
-        other_kv_heads=other_kv_heads,
-    )
+    # click hands each option over as a keyword named as write_tiny_model's own parameter
+    out = write_tiny_model(directory, **options)
+    family, layers, hidden = options["family"], options["layers"], options["hidden"]
+    quantize_bits = options["quantize_bits"]
     quant = f", {quantize_bits}-bit" if quantize_bits else ""
     click.echo(f"wrote a tiny {family} model ({layers} layers, hidden {hidden}{quant}) to {out}")
     return 0

@@ -115,10 +115,17 @@ class _Browse:
         self.seen_at: dict[str, float] = {}
         self.gone: dict[str, GoneAgent] = {}
         self.ignored: dict[str, str] = {}
+        # instances whose goodbye came in, as zeroconf's thread saw it: a refresh that asks a
+        # stopping agent in vain is its goodbye, not an expiry
+        self.said_goodbye: set[str] = set()
 
     def on_change(
         self, zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange
     ) -> None:
+        if state_change is ServiceStateChange.Removed:
+            self.said_goodbye.add(name)
+        else:
+            self.said_goodbye.discard(name)
         self.changes.put((name, state_change))
 
     def _leave(self, instance: str, how: str) -> None:
@@ -130,7 +137,11 @@ class _Browse:
         try:
             agent = _resolve(self.zc, instance)
         except (_NoAnswer, TxtError) as e:
-            self._leave(instance, "expired" if isinstance(e, _NoAnswer) else "unusable")
+            if isinstance(e, TxtError):
+                how = "unusable"
+            else:
+                how = "goodbye" if instance in self.said_goodbye else "expired"
+            self._leave(instance, how)
             if isinstance(e, TxtError):
                 self.ignored[instance] = str(e)
             return

@@ -162,9 +162,14 @@ class ModelSpec(ModelShape):
         return int(sum(c.active for c in self.layer_costs()) + self.outside_layers_active_bytes)
 
     @property
+    def _cache_dtype_bytes(self) -> int:
+        # Keys, values and linear state are kept in the activations' dtype: a float32 model's
+        # take 4 bytes.
+        return max(KV_CACHE_DTYPE_BYTES, self.dtype_bytes)
+
+    @property
     def kv_bytes_per_token_per_layer(self) -> int:
-        # Keys and values are cached in the activations' dtype: a float32 model's take 4 bytes.
-        size = max(KV_CACHE_DTYPE_BYTES, self.dtype_bytes)
+        size = self._cache_dtype_bytes
         if self.is_mla:  # MLA caches the compressed latent and the rope key only
             # (+ V3.2's indexer keys, which mlx-lm caches beside zeros as their values)
             latent = (self.kv_lora_rank or 0) + self.qk_rope_head_dim + self.index_cache_dim
@@ -175,7 +180,7 @@ class ModelSpec(ModelShape):
         """KV cache bytes a token in this layer (Step-3.5's sliding layers: their own heads)."""
         if not self.is_other(layer):
             return self.kv_bytes_per_token_per_layer
-        return 2 * self.other_kv_heads * self.head_dim * max(KV_CACHE_DTYPE_BYTES, self.dtype_bytes)
+        return 2 * self.other_kv_heads * self.head_dim * self._cache_dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -188,7 +193,7 @@ class ModelSpec(ModelShape):
     @property
     def linear_state_bytes_per_layer(self) -> int:
         """A linear-attention layer's whole state for one sequence (0 without such layers)."""
-        size = max(KV_CACHE_DTYPE_BYTES, self.dtype_bytes)
+        size = self._cache_dtype_bytes
         return self.linear_key_heads * self.linear_state_bytes(size) if self.is_hybrid else 0
 
     def layer_cache_bytes(self, layer: int, context: int) -> int:
@@ -342,7 +347,8 @@ def _step3p5_moe_layers(config: Mapping[str, Any], source: str, layers: int) -> 
     parts = [p.strip() for p in raw.split(",")] if isinstance(raw, str) else None
     if parts is None or not all(p.isdigit() and len(p) <= 4 for p in parts):  # layers < 1024
         raise InputError(f"{source}: moe_layers_enum: must be layer numbers joined by commas")
-    return tuple(i for i in range(layers) if i in {int(p) for p in parts})
+    moe = {int(p) for p in parts}
+    return tuple(i for i in range(layers) if i in moe)
 
 
 def _step3p5_attention(
