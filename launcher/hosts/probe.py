@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from launcher.hosts.ssh import is_local, ssh_argv
+from launcher.hosts.ssh import is_local, shared_connection, ssh_argv
 from topology.cluster_file import ClusterSpec, HostSpec
 from topology.facts import BLAS_FILE, RATES_FILE, VERSIONS_FILE
 from topology.host_facts import COMMANDS, ERROR_SUFFIX, SSH_FAILED, UNAME_FILE
@@ -94,7 +94,11 @@ def _record(
 
 
 def _probe(
-    argv_for: dict[str, list[str]], remote: bool, timeout_s: float, python: str
+    argv_for: dict[str, list[str]],
+    remote: bool,
+    timeout_s: float,
+    python: str,
+    unreachable: tuple[int, bytes, str] | None = None,  # how connecting failed, if it did
 ) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     rates: Future[tuple[int, bytes, str]] | None = None
@@ -104,7 +108,8 @@ def _probe(
                 continue  # started once the host answered (below), collected at the end
             if file == BLAS_FILE and (out.get(UNAME_FILE) or "").startswith("Darwin"):
                 continue  # a Mac's MLX uses Accelerate
-            rc, stdout, err = _run(argv, timeout_s)
+            known = unreachable if file == UNAME_FILE else None  # no second wait for a dead host
+            rc, stdout, err = known or _run(argv, timeout_s)
             if remote and rc in (SSH_EXIT, TIMED_OUT) and file == UNAME_FILE:
                 # ssh itself failed or hung (unreachable, key refused, a login that never
                 # ends): every file would fail the same way, each after its own timeout.
@@ -138,15 +143,23 @@ def probe_local(
 def probe_host(
     spec: ClusterSpec, host: HostSpec, timeout_s: float = COMMAND_TIMEOUT_S
 ) -> dict[str, str | None]:
-    """One host's snapshot files: locally for `localhost`, else one ssh call per command."""
+    """One host's snapshot files: locally for `localhost`, else each command an ssh session of
+    one shared connection (ssh_argv's `over`); when ssh cannot connect, every file says so."""
     if is_local(host):
         return probe_local(timeout_s)
     python = spec.python_for(host)
-    argv_for = {f: ssh_argv(spec, host, cmd) for f, cmd in PROBES.items()}
-    argv_for[VERSIONS_FILE] = ssh_argv(spec, host, versions_argv(python))
-    argv_for[BLAS_FILE] = ssh_argv(spec, host, blas_argv(python))
-    argv_for[RATES_FILE] = ssh_argv(spec, host, rates_argv(python))
-    return _probe(argv_for, remote=True, timeout_s=timeout_s, python=python)
+    commands = {
+        **PROBES,
+        VERSIONS_FILE: versions_argv(python),
+        BLAS_FILE: blas_argv(python),
+        RATES_FILE: rates_argv(python),
+    }
+    with shared_connection(spec, host, timeout_s) as shared:
+        over = shared.options
+        argv_for = {f: ssh_argv(spec, host, cmd, over=over) for f, cmd in commands.items()}
+        failed = shared.code in (SSH_EXIT, TIMED_OUT)
+        unreachable = (shared.code, b"", shared.error) if failed else None
+        return _probe(argv_for, True, timeout_s, python, unreachable)
 
 
 def probe_hosts(

@@ -6,12 +6,19 @@ shlex.quote, so no value from a cluster file can turn into shell syntax on the r
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
-from collections.abc import Sequence
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from topology.cluster_file import ClusterSpec, HostSpec
 
 DEFAULT_CONNECT_TIMEOUT_S = 5
+TIMED_OUT = 124  # as launcher/hosts/probe.py reports a command that outlived its timeout
 
 LOCAL_HOSTS = frozenset({"localhost"})  # probed and run on this machine, without ssh
 
@@ -34,6 +41,7 @@ def ssh_argv(
     remote_argv: Sequence[str],
     *,
     connect_timeout_s: int = DEFAULT_CONNECT_TIMEOUT_S,
+    over: Sequence[str] = (),  # a shared connection's options (SharedConnection.options)
 ) -> list[str]:
     """`ssh` argv running `remote_argv` on `host`: never prompts, honours ~/.ssh/config.
 
@@ -44,4 +52,55 @@ def ssh_argv(
     if not any("connecttimeout" in o.lower() for o in spec.ssh_options):
         options += ["-o", f"ConnectTimeout={connect_timeout_s}"]
     remote = " ".join(_remote_word(word) for word in remote_argv)
-    return ["ssh", *options, *spec.ssh_options, "--", host.ssh, remote]
+    return ["ssh", *options, *over, *spec.ssh_options, "--", host.ssh, remote]
+
+
+@dataclass(frozen=True)
+class SharedConnection:
+    """How opening the shared connection went: `options` to run commands over it (empty when it
+    could not be opened: each command then connects by itself), else ssh's exit code and error."""
+
+    options: tuple[str, ...]
+    code: int
+    error: str
+
+
+@contextlib.contextmanager
+def shared_connection(
+    spec: ClusterSpec, host: HostSpec, timeout_s: float
+) -> Iterator[SharedConnection]:
+    """One ssh connection (a control master) that a host's probe commands run over, each as a
+    session of it: one key exchange and login a host instead of one a command. Closed on exit.
+
+    The master forks into the background once logged in (-f); its stderr goes to a file, not a
+    pipe the background process would hold open. Its socket is in a private folder under /tmp
+    (a socket path has ~100 bytes at most; macOS's $TMPDIR alone takes half)."""
+    code = -1
+    folder = tempfile.mkdtemp(prefix="mlxc-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    control = ["-o", f"ControlPath={os.path.join(folder, 'master')}"]
+    master = [*ssh_argv(spec, host, [], over=[*control, "-M", "-N", "-f"])[:-1]]
+    try:
+        with open(os.path.join(folder, "stderr"), "w+b") as err:
+            try:
+                code = subprocess.run(
+                    master, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                    timeout=timeout_s,
+                ).returncode  # fmt: skip
+            except subprocess.TimeoutExpired:
+                code = TIMED_OUT
+            except OSError:
+                code = 127
+            err.seek(0)
+            error = err.read(2000).decode("utf-8", "replace").strip()
+        if code == 0:
+            yield SharedConnection((*control, "-o", "ControlMaster=no"), 0, "")
+        else:
+            yield SharedConnection((), code, error or f"timed out after {timeout_s:g} s")
+    finally:
+        if code == 0:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(
+                    ["ssh", *control, "-O", "exit", "--", host.ssh],
+                    stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                )  # fmt: skip
+        shutil.rmtree(folder, ignore_errors=True)

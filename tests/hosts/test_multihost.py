@@ -306,8 +306,16 @@ def test_topology_check_over_ssh_says_linux_hosts_are_not_macs_and_ring_only(
 ) -> None:
     hosts = make_hosts(2, topology="switch")
     cluster = hosts.cluster_yaml(tmp_path / "cluster.yaml", host_keys=LINUX)
+
+    def logins(i: int) -> int:  # sshd logs each key it accepts (LogLevel INFO)
+        log = hosts.tmp / hosts[i].name / "sshd.log"
+        return log.read_text(errors="replace").count("Accepted publickey")
+
+    before = [logins(i) for i in range(2)]
     done = cli("topology", "check", str(cluster), "--backend", "ring", "--json")
     assert done.returncode == 0, done.stderr
+    # A dozen commands a host, each a session of one connection: one login a host, not twelve
+    assert [logins(i) - n for i, n in enumerate(before)] == [1, 1]
     report = json.loads(done.stdout)
     assert report["ok"] is True and report["backend"] == "ring"  # ring is the best there is
     not_macs = [p for p in report["problems"] if p["code"] == "not_a_mac"]
