@@ -17,14 +17,13 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from launcher.hosts.ssh import is_local, shared_connection, ssh_argv
+from launcher.hosts.ssh import TIMED_OUT, is_local, shared_connection, ssh_argv
 from topology.cluster_file import ClusterSpec, HostSpec
 from topology.facts import BLAS_FILE, RATES_FILE, VERSIONS_FILE
 from topology.host_facts import COMMANDS, ERROR_SUFFIX, SSH_FAILED, UNAME_FILE
 
 COMMAND_TIMEOUT_S = 30.0  # system_profiler can take several seconds on a busy Mac
 SSH_EXIT = 255  # ssh's own exit code when it could not connect or log in
-TIMED_OUT = 124  # what _run reports for a command that outlived its timeout
 _STDERR_KEEP = 2000
 
 PROBES: dict[str, tuple[str, ...]] = {UNAME_FILE: ("uname", "-s"), **COMMANDS}

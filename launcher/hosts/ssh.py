@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from topology.cluster_file import ClusterSpec, HostSpec
 
 DEFAULT_CONNECT_TIMEOUT_S = 5
-TIMED_OUT = 124  # as launcher/hosts/probe.py reports a command that outlived its timeout
+TIMED_OUT = 124  # what a command that outlived its timeout reports (as coreutils timeout)
 
 LOCAL_HOSTS = frozenset({"localhost"})  # probed and run on this machine, without ssh
 
@@ -78,7 +78,8 @@ def shared_connection(
     code = -1
     folder = tempfile.mkdtemp(prefix="mlxc-", dir="/tmp" if os.path.isdir("/tmp") else None)
     control = ["-o", f"ControlPath={os.path.join(folder, 'master')}"]
-    master = [*ssh_argv(spec, host, [], over=[*control, "-M", "-N", "-f"])[:-1]]
+    # -N: no remote command, so ssh_argv's last word (the command) is left off
+    master = ssh_argv(spec, host, [], over=[*control, "-M", "-N", "-f"])[:-1]
     try:
         with open(os.path.join(folder, "stderr"), "w+b") as err:
             try:
@@ -95,7 +96,8 @@ def shared_connection(
         if code == 0:
             yield SharedConnection((*control, "-o", "ControlMaster=no"), 0, "")
         else:
-            yield SharedConnection((), code, error or f"timed out after {timeout_s:g} s")
+            timed_out = f"timed out after {timeout_s:g} s" if code == TIMED_OUT else ""
+            yield SharedConnection((), code, error or timed_out)
     finally:
         if code == 0:
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
