@@ -101,7 +101,8 @@ def load_or_build(
     if stamp is None:
         return build(module_path, prefix=prefix)
     file = where / (hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:32] + ".json")
-    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+    # a damaged file, whatever its shape, is built again (AttributeError: rows not as written)
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError, AttributeError):
         raw = json.loads(file.read_text())
         if raw["stamp"] == stamp:
             return _table(raw["table"])

@@ -67,11 +67,13 @@ def test_a_damaged_file_is_built_again_and_replaced(folder: Path, tmp_path: Path
     build = Builder()
     cached(build, tmp_path / "cache")(folder, "models")
     [file] = (tmp_path / "cache").iterdir()
-    for damage in ("{not json", json.dumps({"stamp": 1}), json.dumps([1, 2])):
+    stamp = json.loads(file.read_text())["stamp"]
+    rows_not_as_written = json.dumps({"stamp": stamp, "table": [[["a"], "not a dict"]]})
+    for damage in ("{not json", json.dumps({"stamp": 1}), json.dumps([1, 2]), rows_not_as_written):
         file.write_text(damage)
         assert cached(build, tmp_path / "cache")(folder, "models") == TABLE
         assert json.loads(file.read_text())["table"]  # written anew
-    assert build.calls == 4
+    assert build.calls == 5
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [file.name]  # no leftovers
 
 
