@@ -23,6 +23,7 @@ from topology.untrusted import parse_json
 # quantized from float32 weights; on a CPU these take another, far faster path).
 KINDS = ("float32", "float16", "bfloat16", "q4", "q8", "q4-float32", "q8-float32")
 DEFAULT_KINDS = ("float32", "bfloat16", "q4", "q8", "q4-float32", "q8-float32")
+FLOATS = ("float32", "float16", "bfloat16")
 ROWS = (1, 8, 512)  # decode, a batch or speculative check, a prefill chunk
 
 
@@ -39,6 +40,11 @@ class HostRates:
     # The BLAS kinds again on one thread (a CPU with threads > 1): what a rank that shares the
     # cores with others multiplies at. Kinds MLX computes itself run on one thread anyway.
     one_thread_gflops: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    # A layer's work besides its matmuls, per activation dtype (float32, bfloat16): microseconds
+    # of a one-row step's small ops, and nanoseconds per element of an exp-type pass (SiLU,
+    # softmax). Absent from rates measured before they were (the term is then left out).
+    layer_us: Mapping[str, float] = field(default_factory=dict)
+    exp_ns: Mapping[str, float] = field(default_factory=dict)
 
     def gflops(self, kind: str, rows: int) -> float | None:
         """Throughput at `rows` rows for this weight kind: measured points joined linearly in
@@ -73,6 +79,19 @@ class HostRates:
         each = max(1, self.threads // ranks)
         return (one + (lone - one) * (each - 1) / (self.threads - 1)) * time_share
 
+    def layer_costs(
+        self, dtype: str, ranks: int = 1, together: bool = True
+    ) -> tuple[float, float] | None:
+        """(seconds a layer's small ops take in a step, seconds per exp-type element) for one of
+        `ranks` ranks on this host; None on a GPU or when not measured. On a GPU these kernels
+        run while the large ones stream their weights (the bandwidth efficiency fitted to
+        published runs holds them); on a CPU each is a single-threaded pass of its own, and more
+        ranks than cores computing at once share them in time."""
+        if self.device != "cpu" or dtype not in self.layer_us or dtype not in self.exp_ns:
+            return None
+        crowding = max(1.0, ranks / self.threads) if together else 1.0
+        return self.layer_us[dtype] * 1e-6 * crowding, self.exp_ns[dtype] * 1e-9 * crowding
+
     def to_json(self) -> dict[str, Any]:
         return {
             "copy_gbs": self.copy_gbs,
@@ -81,6 +100,8 @@ class HostRates:
             "source": self.source,
             "threads": self.threads,
             "one_thread_gflops": _table_json(self.one_thread_gflops),
+            "layer_us": dict(self.layer_us),
+            "exp_ns": dict(self.exp_ns),
         }
 
 
@@ -95,6 +116,14 @@ def _between(table: Mapping[int, float], rows: int) -> float | None:
             at = (math.log(rows) - math.log(r0)) / (math.log(r1) - math.log(r0))
             return g0 + at * (g1 - g0)
     return points[-1][1]
+
+
+def activation_dtype(kind: str) -> str:
+    """The activations' dtype of a weight kind: a float kind's own, bfloat16 for q4 / q8,
+    float32 for their -float32 forms."""
+    if kind in FLOATS:
+        return kind
+    return "float32" if kind.endswith("-float32") else "bfloat16"
 
 
 def weight_kind(dtype: str, bits: int) -> str:
@@ -132,8 +161,21 @@ def parse_rates(text: str) -> HostRates:
     if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 4096:
         raise ValueError("threads: must be a whole number 1-4096")
     return HostRates(
-        copy, matmul, device, threads=threads, one_thread_gflops=_table(one, "one_thread_gflops")
-    )
+        copy, matmul, device, threads=threads, one_thread_gflops=_table(one, "one_thread_gflops"),
+        layer_us=_per_dtype(raw.get("layer_us", {}), "layer_us"),
+        exp_ns=_per_dtype(raw.get("exp_ns", {}), "exp_ns"),
+    )  # fmt: skip
+
+
+def _per_dtype(table: Any, name: str) -> dict[str, float]:
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{name}: must be an object of dtypes")
+    out = {}
+    for dtype, value in table.items():
+        if dtype not in FLOATS:
+            raise ValueError(f"{name}: {str(dtype)[:20]!r} is not one of {', '.join(FLOATS)}")
+        out[dtype] = _rate(value, f"{name}.{dtype}")
+    return out
 
 
 def _table(table: Mapping[Any, Any], name: str) -> dict[str, dict[int, float]]:

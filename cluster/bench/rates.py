@@ -20,9 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from cluster import blas
-from topology.host_rates import ROWS, HostRates
+from topology.host_rates import ROWS, HostRates, activation_dtype
 
 WIDTH = 2048  # K, and N unless cut to fit the budget: one mid-sized model's layer
 GROUP = 64  # mlx-lm's default quantization group
@@ -36,6 +37,7 @@ SAMPLE_SHARE = 0.1  # of a point's budget: how long one sample of several calls 
 SAFETY = 4  # a call is sized to 1/4 of its point's budget: the guess from fewer rows can be 2x off
 
 ONE_THREAD_SHARE = 0.3  # of the budget, added: the BLAS kinds again on one thread
+LAYER_SHARE = 0.3  # of the budget, added: a layer's work besides its matmuls (layer_overhead)
 # What MLX's CPU backend hands to BLAS (cblas_sgemm); the other kinds it computes itself.
 BLAS_KINDS = ("float32",)
 FLOATS = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -148,6 +150,73 @@ def matmul_gflops(kind: str, w: mx.array, budget_s: float) -> dict[int, float]:
     return rates
 
 
+# A decoder layer's work besides its large matmuls, timed on a narrow llama-style layer (whose
+# matmuls cost nothing): the per-layer cost of a step's many small ops (norms, rope, the cache
+# update, attention, SwiGLU, residuals; on a CPU each is a kernel of its own), and the seconds
+# per element of an exp-type pass (SiLU over the MLP, softmax over the scores), which on a CPU
+# is scalar and single-threaded: at a prefill chunk's rows it outlasts float32's matmuls.
+SHELL_WIDTH, SHELL_HEADS, SHELL_CONTEXT = 64, 2, 256
+SHELL_LAYERS = (4, 12)  # timed chains; the difference is per layer (the eval's own cost cancels)
+EXP_SHAPE = (256, 2048)  # activations of a mid-sized model's prefill, beyond a call's overhead
+
+
+def _shell_step(x: mx.array, p: dict[str, mx.array], cache: tuple[mx.array, mx.array]) -> mx.array:
+    """One llama-style decoder layer at the shell's width, attending to `cache` (keys, values)."""
+    b, rows, width = x.shape
+    dim = width // SHELL_HEADS
+    h = mx.fast.rms_norm(x, p["norm"], 1e-5)
+
+    def heads(w: mx.array, n: int) -> mx.array:
+        return (h @ w.T).reshape(b, rows, n, dim).transpose(0, 2, 1, 3)
+
+    offset = cache[0].shape[2]
+    q = mx.fast.rope(heads(p["q"], SHELL_HEADS), dim, traditional=False, base=1e4, scale=1.0,
+                     offset=offset)  # fmt: skip
+    k = mx.fast.rope(heads(p["k"], 1), dim, traditional=False, base=1e4, scale=1.0, offset=offset)
+    keys = mx.concatenate([cache[0], k], axis=2)
+    values = mx.concatenate([cache[1], heads(p["v"], 1)], axis=2)
+    mask = "causal" if rows > 1 else None
+    o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=dim**-0.5, mask=mask)
+    x = x + o.transpose(0, 2, 1, 3).reshape(b, rows, width) @ p["o"].T
+    h = mx.fast.rms_norm(x, p["norm"], 1e-5)
+    return x + (nn.silu(h @ p["gate"].T) * (h @ p["up"].T)) @ p["down"].T
+
+
+def layer_overhead(dtype: mx.Dtype, budget_s: float) -> tuple[float, float]:
+    """(seconds a layer of a one-row step spends besides its matmuls, seconds per element of
+    an exp-type pass) for activations of `dtype`."""
+    w, d = SHELL_WIDTH, SHELL_WIDTH // SHELL_HEADS
+    shapes = {"q": (w, w), "k": (d, w), "v": (d, w), "o": (w, w), "gate": (2 * w, w),
+              "up": (2 * w, w), "down": (w, 2 * w)}  # fmt: skip
+    p = {name: pattern(shape, shape[1] ** -0.5).astype(dtype) for name, shape in shapes.items()}
+    p["norm"] = mx.ones((w,), dtype=dtype)
+    cache = (pattern((SHELL_CONTEXT, d), 1.0).astype(dtype).reshape(1, 1, SHELL_CONTEXT, d),) * 2
+    x = pattern((1, w), 1.0).astype(dtype).reshape(1, 1, w)
+    mx.eval(p, cache, x)
+
+    def chain(layers: int) -> Callable[[int], None]:
+        def run(calls: int) -> None:
+            outs = []
+            for _ in range(calls):
+                h = x
+                for _ in range(layers):
+                    h = _shell_step(h, p, cache)
+                outs.append(h)
+            mx.eval(outs)
+
+        return run
+
+    few, many = SHELL_LAYERS
+    share = budget_s / 3
+    longer = best_per_call(chain(many), share) - best_per_call(chain(few), share)
+    per_layer = longer / (many - few)
+    a = pattern(EXP_SHAPE, 2.0).astype(dtype)
+    g = a + 1
+    mx.eval(a, g)
+    exp_s = best_per_call(lambda calls: mx.eval([nn.silu(a) * g for _ in range(calls)]), share)
+    return max(per_layer, 0.0), exp_s / a.size
+
+
 def _round(value: float) -> float:
     return float(f"{value:.4g}")
 
@@ -179,4 +248,13 @@ def measure(kinds: Sequence[str], seconds: float) -> HostRates:
         for kind in blas_kinds:
             one[kind] = {r: _round(g) for r, g in matmul_gflops(kind, w, share).items()}
         blas.set_blas_threads(threads)
-    return HostRates(_round(copy), table, device(), threads=threads or 1, one_thread_gflops=one)
+    # The activations' dtypes of the kinds timed (quantized: bfloat16, or float32 for -float32)
+    dtypes = {activation_dtype(k) for k in kinds}
+    layer_us, exp_ns = {}, {}
+    for name in sorted(dtypes):
+        layer_s, exp_s = layer_overhead(FLOATS[name], seconds * LAYER_SHARE / len(dtypes))
+        layer_us[name], exp_ns[name] = _round(layer_s * 1e6), _round(exp_s * 1e9)
+    return HostRates(
+        _round(copy), table, device(), threads=threads or 1, one_thread_gflops=one,
+        layer_us=layer_us, exp_ns=exp_ns,
+    )  # fmt: skip

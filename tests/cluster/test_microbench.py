@@ -46,6 +46,11 @@ def test_default_kinds_at_every_row_count_on_this_device() -> None:
     assert rates.copy_gbs > 0
     assert rates.device == ("gpu" if sys.platform == "darwin" else "cpu")
     assert raw["source"] == "measured" and isinstance(raw["blas"], str)
+    # a layer's other work, for the activations' dtypes of the kinds (q4: bfloat16; -float32)
+    assert sorted(rates.layer_us) == sorted(rates.exp_ns) == ["bfloat16", "float32"]
+    assert all(v > 0 for v in rates.exp_ns.values())
+    # a chain of 12 layers of a dozen small ops each takes longer than one of 4
+    assert all(v > 0 for v in rates.layer_us.values())
 
 
 @linux_only

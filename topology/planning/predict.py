@@ -1,7 +1,8 @@
 """Step time from first principles. Each rank's time in a phase is the larger of its memory
 time (bytes read / (bandwidth × decoding's efficiency)) and its compute time (floating-point
-operations × rows / its measured matmul throughput at that row count), plus the collectives the
-strategy needs. Never above the memory-bandwidth roofline.
+operations × rows / its measured matmul throughput at that row count), on a CPU plus its layers'
+small ops and exp-type passes (SiLU, softmax: elements × rows × their measured cost), plus the
+collectives the strategy needs. Never above the memory-bandwidth roofline.
 
 tensor:   t = sum over phases(max over ranks(phase time)) + 2 all-reduces per layer
           + step overhead (phases: attention, MLP or experts, the LM head)
@@ -50,6 +51,15 @@ class RankRate:
     # the rate holds the memory time; a copy's bandwidth there says less (measured 3.6 GB/s
     # against 6 GB/s read by a decoding float32 model).
     memory: bool = True
+    # A CPU's work besides the matmuls (host_rates.HostRates.layer_costs): seconds of a layer's
+    # small ops a step, and seconds per element of an exp-type pass; 0 where not modelled.
+    layer_s: float = 0.0
+    exp_s: float = 0.0
+
+    def other_s(self, layers: int, exp_elements: float, rows: int) -> float:
+        """Seconds a step of `rows` spends besides matmuls in `layers` layers whose exp-type
+        passes cover `exp_elements` a row."""
+        return layers * self.layer_s + rows * exp_elements * self.exp_s
 
 
 def busy_s(memory_s: float, flops: float, rate: RankRate | None = None, rows: int = 1) -> float:
@@ -70,7 +80,11 @@ def tensor_phases(
     """Per phase (attention, MLP, head), each rank's predicted seconds for a step of `rows`."""
     rates = rates or [RankRate()] * len(costs)
     return [
-        [busy_s(m, c.flops[i], g, rows) for m, c, g in zip(phase, costs, rates, strict=True)]
+        [
+            busy_s(m, c.flops[i], g, rows)
+            + g.other_s(c.layers if i == 0 else 0, c.exp_elements[i], rows)
+            for m, c, g in zip(phase, costs, rates, strict=True)
+        ]
         for i, phase in enumerate(phase_seconds(costs, bandwidths_gbs))
     ]
 
@@ -104,6 +118,22 @@ def stage_flops(spec: ModelSpec, layers: tuple[int, int], context: int) -> float
     return 2 * weights / (spec.param_bytes(spec.bits) * spec.scale) + scores
 
 
+def stage_exp_elements(spec: ModelSpec, layers: tuple[int, int], context: int) -> float:
+    """Elements of exp-type passes a row in a stage's layers: softmax over every head's scores,
+    SiLU over the MLP or the routed and shared experts (and the router's softmax)."""
+    start, end = layers
+    total = 0.0
+    for i in range(start, end):
+        if not spec.is_linear(i):
+            total += spec.heads_at(i)[0] * spec.cached_tokens(i, context)
+        if i in spec.sparse_layers:
+            routed = spec.experts_per_token * (spec.moe_intermediate or spec.intermediate)
+            total += routed + spec.shared_intermediate + spec.experts
+        else:
+            total += spec.intermediate
+    return total
+
+
 def pipeline_seconds(
     spec: ModelSpec,
     stages: Sequence[tuple[int, int]],
@@ -126,6 +156,7 @@ def pipeline_seconds(
     roofline = sum(stage_mem) + max(head_mem)
     busy = sum(
         busy_s(m, stage_flops(spec, s, context), g, rows)
+        + g.other_s(s[1] - s[0], stage_exp_elements(spec, s, context), rows)
         for m, s, g in zip(stage_mem, stages, rates, strict=True)
     ) + max(busy_s(m, head_flops, g, rows) for m, g in zip(head_mem, rates, strict=True))
     comms = 0.0

@@ -167,6 +167,10 @@ class RankCost:
     extra_calls: int = 0  # attention calls a token beyond one a layer (a share of several blocks)
     # floating-point operations a token (one row) in each phase: attention, MLP, outside
     flops: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # elements of exp-type passes a row in each phase: softmax over its heads' scores, SiLU
+    # over its MLP or experts' width (and the router's softmax)
+    exp_elements: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    layers: int = 0  # layers it runs (every one, for tensor)
 
     @property
     def read_bytes(self) -> float:
@@ -192,7 +196,7 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
     tokens = [sum(spec.cached_tokens(i, context) for i in layers) for layers in kinds]
     out = []
     for share in lay.shares:
-        attn_held = cache = scores = 0.0
+        attn_held = cache = scores = softmax = 0.0
         extra_calls = 0
         for other, layers, held_tokens in zip((False, True), kinds, tokens, strict=True):
             part = share.kind(other)
@@ -203,6 +207,7 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
             cache += part.n_kv * _cache_per_kv(spec) * held_tokens
             # the scores and values over the context each layer holds
             scores += 4 * part.n_heads * _score_dim(spec) * held_tokens
+            softmax += part.n_heads * held_tokens
             extra_calls += (len(part.blocks) - 1) * len(layers)
         # linear attention (Qwen3.5): its key heads' weights and fixed-size state, per layer
         keys = share.width("linear") // spec.linear_head_columns if spec.is_hybrid else 0
@@ -218,6 +223,8 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
         held = attn_held + lin * lin_w + spec.layers * norms
         held += dense * mlp + sparse * (spec.experts * expert + shared + router)
         read_mlp = dense * mlp + sparse * (spec.experts_per_token * expert + shared + router)
+        routed = spec.experts_per_token * share.width("expert") + share.width("shared")
+        silu = dense * share.width("mlp") + sparse * (routed + spec.experts)
         # a multiply-add per weight read, plus the scores and values over the context
         flops = (
             2 * attn_held / pb + scores + lin * (2 * lin_w / pb + state_flops),
@@ -236,6 +243,8 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
                 outside_read=spec.outside_layers_active_bytes,
                 extra_calls=extra_calls,
                 flops=flops,
+                exp_elements=(softmax, silu, 0.0),
+                layers=spec.layers,
             )
         )
     return out
