@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 
 import click
 
@@ -25,7 +26,7 @@ from cluster import blas, heap
 from cluster.bench import rates_cache
 from cluster.job import RankJob
 from topology.errors import InputError
-from topology.host_rates import DEFAULT_KINDS, KINDS
+from topology.host_rates import DEFAULT_KINDS, KINDS, parse_rates
 
 KEY_ENV = "MLX_CLUSTER_RATES_KEY"  # the cache key, carried over the BLAS re-execution
 DEFAULT_SECONDS = 1.5
@@ -54,6 +55,29 @@ def parse_kinds(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     if len(set(kinds)) != len(kinds):
         raise click.BadParameter("a kind is named twice")
     return kinds
+
+
+MAX_SHAPES = 16
+
+
+def parse_shapes(
+    ctx: click.Context, param: click.Parameter, value: str
+) -> tuple[tuple[int, int], ...]:
+    if not value:
+        return ()
+    shapes = []
+    for part in value.split(","):
+        k, _, n = part.strip().partition("x")
+        if not (k.isdigit() and n.isdigit() and 0 < int(k) <= 1 << 16 and 0 < int(n) <= 1 << 16):
+            raise click.BadParameter(f"{part[:20]!r} is not KxN (1-65536 each)")
+        shapes.append((int(k), int(n)))
+    if len(shapes) > MAX_SHAPES:
+        raise click.BadParameter(f"at most {MAX_SHAPES} shapes")
+    return tuple(shapes)
+
+
+def shapes_text(shapes: Sequence[tuple[int, int]]) -> str:
+    return ",".join(f"{k}x{n}" for k, n in shapes)
 
 
 def parse_seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
@@ -94,15 +118,24 @@ def _given_key(text: str) -> dict[str, str]:
     callback=parse_seconds,
     help="Seconds of timing, shared by the copy and the kinds (making arrays not counted).",
 )
+@click.option(
+    "--shapes",
+    default="",
+    callback=parse_shapes,
+    help="A model's matrices (KxN,...): float32's 1- and 8-row rates timed on them instead.",
+)
 @click.option("--fresh", is_flag=True, help="Measure even when this host's rates are kept.")
-def main(kinds: tuple[str, ...], seconds: float, fresh: bool) -> None:
+def main(
+    kinds: tuple[str, ...], seconds: float, shapes: tuple[tuple[int, int], ...], fresh: bool
+) -> None:
     """Measure this host's copy bandwidth and matmul throughput; print them as JSON."""
     # The key comes from the caller's environment, before the BLAS re-execution changes it
     # (--local N reads the same file back in its own process with the same key).
     given = os.environ.get(KEY_ENV)
     key = _given_key(given) if given else rates_cache.rates_key()
     kept = kinds == DEFAULT_KINDS and seconds == DEFAULT_SECONDS
-    if kept and not fresh and (hit := rates_cache.cached(key)) is not None:
+    shaped_key = {**key, "shapes": shapes_text(shapes)} if shapes else key
+    if kept and not fresh and (hit := rates_cache.cached(shaped_key)) is not None:
         click.echo(json.dumps(hit))
         return
     os.environ[KEY_ENV] = json.dumps(key)
@@ -111,12 +144,19 @@ def main(kinds: tuple[str, ...], seconds: float, fresh: bool) -> None:
     except InputError as e:  # a bad MLX_CLUSTER_BLAS: a rank here would refuse it too
         raise click.ClickException(str(e)) from None
     heap.return_freed_buffers()  # as a rank does, before MLX allocates
-    from cluster.bench.rates import measure  # MLX only now: after the BLAS is in place
+    from cluster.bench.rates import measure, shaped  # MLX only now: after the BLAS is in place
 
-    rates = measure(kinds, seconds)
-    out = {**rates.to_json(), "blas": blas.in_use()}
-    if kept:
-        rates_cache.keep(key, out)
+    generic = rates_cache.cached(key) if kept and not fresh else None
+    if generic is None:
+        generic = {**measure(kinds, seconds).to_json(), "blas": blas.in_use()}
+        if kept:
+            rates_cache.keep(key, generic)
+    out = generic
+    if shapes:
+        rates = shaped(parse_rates(json.dumps(generic)), shapes, seconds)
+        out = {**rates.to_json(), "blas": blas.in_use(), "shapes": shapes_text(shapes)}
+        if kept:
+            rates_cache.keep(shaped_key, out)
     click.echo(json.dumps(out))
 
 

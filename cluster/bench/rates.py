@@ -16,6 +16,7 @@ planner wants what a rank here can attain.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -215,6 +216,47 @@ def layer_overhead(dtype: mx.Dtype, budget_s: float) -> tuple[float, float]:
     mx.eval(a, g)
     exp_s = best_per_call(lambda calls: mx.eval([nn.silu(a) * g for _ in range(calls)]), share)
     return max(per_layer, 0.0), exp_s / a.size
+
+
+# The 1- and 8-row float32 rates depend on the matrix's shape on OpenBLAS (measured here, one
+# thread: 576x1536 4.3 GFLOP/s, 1536x576 8.3, 2048x2048 2.7), so `--local` times them again
+# on the model's own matrices (microbench --shapes): one layer's set, copied until the copies
+# outgrow any cache, as a decoding model's weights do, and multiplied in turn.
+SHAPED_BYTES = 128 << 20
+SHAPED_ROWS = (1, 8)
+
+
+def shaped_gflops(shapes: Sequence[tuple[int, int]], budget_s: float) -> dict[int, float]:
+    """float32 GFLOP/s of x @ W.T over weights of these (K, N) shapes at each of SHAPED_ROWS."""
+    one_set = sum(4 * k * n for k, n in shapes)
+    copies = max(1, -(-SHAPED_BYTES // one_set))
+    weights = [
+        pattern((n, k), k**-0.5) * (1 + i / copies) for i in range(copies) for k, n in shapes
+    ]
+    mx.eval(weights)
+    rates = {}
+    for rows in SHAPED_ROWS:
+        xs = {k: pattern((rows, k), 2.0) for k, _ in shapes}
+        mx.eval(list(xs.values()))
+
+        def run(calls: int, xs: dict[int, mx.array] = xs) -> None:
+            mx.eval([xs[w.shape[1]] @ w.T for _ in range(calls) for w in weights])
+
+        seconds = best_per_call(run, budget_s / len(SHAPED_ROWS))
+        rates[rows] = _round(2 * rows * one_set / 4 * copies / seconds / 1e9)
+    return rates
+
+
+def shaped(rates: HostRates, shapes: Sequence[tuple[int, int]], seconds: float) -> HostRates:
+    """`rates` with float32's 1- and 8-row points (and one thread's) timed on these shapes."""
+    table = {k: dict(v) for k, v in rates.matmul_gflops.items()}
+    table["float32"] = {**table.get("float32", {}), **shaped_gflops(shapes, seconds)}
+    one = {k: dict(v) for k, v in rates.one_thread_gflops.items()}
+    threads = blas.blas_threads() if device() == "cpu" else None
+    if "float32" in one and threads is not None and threads > 1 and blas.set_blas_threads(1):
+        one["float32"] = {**one["float32"], **shaped_gflops(shapes, seconds * ONE_THREAD_SHARE)}
+        blas.set_blas_threads(threads)
+    return dataclasses.replace(rates, matmul_gflops=table, one_thread_gflops=one)
 
 
 def _round(value: float) -> float:

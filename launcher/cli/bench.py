@@ -106,7 +106,7 @@ def _planner(
     if local is not None:
         from launcher.planning.cluster_plan import measured_machine
 
-        return local_planner(measured_machine(), local, spec, context, prompt_tokens)
+        return local_planner(measured_machine(spec), local, spec, context, prompt_tokens)
     from launcher.hosts.gather import probe_facts, read_cluster
     from launcher.hosts.reachability import refuse_unreachable
 

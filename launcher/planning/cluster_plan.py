@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.planning.calibration_store import load_calibration
-from launcher.planning.local_rates import local_rates
+from launcher.planning.local_rates import layer_shapes, local_rates
 from launcher.planning.model_source import load_model_spec
 from topology.cluster_file import ClusterSpec
 from topology.facts import CheckResult, HostFacts, Software
@@ -64,9 +64,10 @@ def this_machine() -> HostFacts:
     )
 
 
-def measured_machine() -> HostFacts:
-    """this_machine() with its measured rates (cached after the first time: local_rates.py)."""
-    return replace(this_machine(), rates=local_rates())
+def measured_machine(spec: ModelSpec | None = None) -> HostFacts:
+    """this_machine() with its measured rates (cached after the first time: local_rates.py),
+    float32's decode rates timed on the matrices of `spec` when given."""
+    return replace(this_machine(), rates=local_rates(layer_shapes(spec) if spec else ()))
 
 
 def empty_hostfile(plan: Plan) -> dict[str, Any]:
@@ -176,7 +177,7 @@ def plan_for_local(
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
 ) -> tuple[Plan, dict[str, Any]]:
     plan = plan_local(
-        measured_machine(), n, model_spec, strategy=strategy, context=context,
+        measured_machine(model_spec), n, model_spec, strategy=strategy, context=context,
         calibration=load_calibration(),  # bench --calibrate's numbers, when saved
         prompt_tokens=prompt_tokens,
     )  # fmt: skip
@@ -201,7 +202,7 @@ def checked_plan_for_local(
     n: int, model_spec: ModelSpec, *, strategy: str, context: int | None
 ) -> tuple[CheckResult, Plan, dict[str, Any]]:
     """plan_for_local, with this machine checked as `topology check` would (serve's dashboard)."""
-    host = replace(measured_machine(), software=this_software())
+    host = replace(measured_machine(model_spec), software=this_software())
     plan = plan_local(
         host, n, model_spec, strategy=strategy, context=context,
         calibration=load_calibration(),

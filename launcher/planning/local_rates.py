@@ -10,13 +10,15 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import click
 
 from cluster.bench import rates_cache
-from cluster.microbench import KEY_ENV
+from cluster.microbench import KEY_ENV, shapes_text
 from topology.errors import one_line
 from topology.host_rates import HostRates, parse_rates
+from topology.model.spec import ModelSpec
 
 MEASURE_TIMEOUT_S = 60.0  # the benchmark takes a few seconds; a Mac's first Metal start more
 rates_key, rates_path = rates_cache.rates_key, rates_cache.rates_path  # the cache's, re-exported
@@ -34,10 +36,11 @@ def _warn(line: str) -> None:
     click.echo(f"mlx-cluster: warning: {line}", err=True)
 
 
-def measure(key: dict[str, str]) -> str | None:
-    """rates.json's text from this interpreter's microbenchmark, which keeps it under `key`;
-    None (said on stderr) when it fails."""
+def measure(key: dict[str, str], shapes: Sequence[tuple[int, int]] = ()) -> str | None:
+    """rates.json's text from this interpreter's microbenchmark, which keeps it under `key`
+    (with the model's `shapes`, under the key and them); None (said on stderr) when it fails."""
     argv = [sys.executable, "-m", "cluster.microbench"]
+    argv += ["--shapes", shapes_text(shapes)] if shapes else []
     env = {**os.environ, KEY_ENV: json.dumps(key)}
     try:
         done = subprocess.run(
@@ -58,14 +61,28 @@ def measure(key: dict[str, str]) -> str | None:
     return done.stdout.decode("utf-8", "replace")
 
 
-def local_rates() -> HostRates | None:
-    """This machine's rates: cached when measured before with the same key, else measured now
-    (a few seconds) and cached; None when the measurement failed."""
+def layer_shapes(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """A float32 model's matrices (K, N) in one layer (q, k, v, o; gate, up, down), whose
+    decode rates `--local` measures (they depend on the shape); none for other models (MLX's
+    own kernels: the same rate at every shape measured) and for latent attention."""
+    if spec.dtype_bytes != 4 or spec.bits < 16 or spec.is_mla or spec.is_hybrid:
+        return ()
+    h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    dense = len(spec.sparse_layers) < spec.layers
+    width = spec.intermediate if dense else spec.moe_intermediate or spec.intermediate
+    shapes = ((h, q), (h, kv), (h, kv), (q, h), (h, width), (h, width), (width, h))
+    return shapes if all(k > 0 and n > 0 for k, n in shapes) else ()
+
+
+def local_rates(shapes: Sequence[tuple[int, int]] = ()) -> HostRates | None:
+    """This machine's rates (float32's decode points timed on a model's `shapes` when given):
+    cached when measured before with the same key, else measured now (a few seconds) and
+    cached; None when the measurement failed."""
     key = rates_key()
-    cached = _cached(key)
+    cached = _cached({**key, "shapes": shapes_text(shapes)} if shapes else key)
     if cached is not None:
         return cached
-    text = measure(key)  # the microbenchmark keeps what it measured (with its BLAS line)
+    text = measure(key, shapes)  # the microbenchmark keeps what it measured (its BLAS line)
     if text is None:
         return None
     try:

@@ -53,6 +53,27 @@ def test_default_kinds_at_every_row_count_on_this_device() -> None:
     assert all(v > 0 for v in rates.layer_us.values())
 
 
+def test_a_models_shapes_replace_float32s_decode_points_only(tmp_path: Any) -> None:
+    env = {"MLX_CLUSTER_CACHE": str(tmp_path)}
+    generic = _json(_bench(env=env))
+    shaped = _json(_bench("--shapes", "256x768,768x256", env=env))
+    assert shaped["shapes"] == "256x768,768x256"
+    for kind, by_rows in generic["matmul_gflops"].items():
+        if kind != "float32":
+            assert shaped["matmul_gflops"][kind] == by_rows
+    assert shaped["matmul_gflops"]["float32"]["512"] == generic["matmul_gflops"]["float32"]["512"]
+    # timed again on those shapes: not the 2048x2048 figures
+    assert shaped["matmul_gflops"]["float32"]["1"] != generic["matmul_gflops"]["float32"]["1"]
+    assert len(list(tmp_path.glob("rates-*.json"))) == 2  # both kept, apart
+    assert _json(_bench("--shapes", "256x768,768x256", env=env)) == shaped  # read back
+
+
+@pytest.mark.parametrize("shapes", ["256", "0x5", "ax3", ",".join(["8x8"] * 17)])
+def test_bad_shapes_are_refused_before_measuring(shapes: str) -> None:
+    done = _bench("--shapes", shapes)
+    assert done.returncode == 2 and "--shapes" in done.stderr and "Traceback" not in done.stderr
+
+
 @linux_only
 def test_measures_with_the_blas_and_threads_a_lone_rank_here_gets() -> None:
     if OPENBLAS is None:

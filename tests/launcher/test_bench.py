@@ -159,13 +159,14 @@ def test_calibrate_saves_numbers_the_planner_then_uses(
         )  # fmt: skip
         assert shown.returncode == 0, shown.stderr
         monkeypatch.setenv("MLX_CLUSTER_CACHE", str(folder))
-        want = plan_local(measured_machine(), 2, spec, strategy="tensor",
+        want = plan_local(measured_machine(spec), 2, spec, strategy="tensor",
                           calibration=calibration_used)  # fmt: skip
-        assert want.ok and measured_machine().rates is not None
+        assert want.ok and measured_machine(spec).rates is not None
         predictions[folder] = json.loads(shown.stdout)["predicted_decode_tok_s"]
         assert predictions[folder] == want.predicted_decode_tok_s
-    uncalibrated = plan_local(measured_machine(), 2, spec, strategy="tensor")
-    calibrated = plan_local(measured_machine(), 2, spec, strategy="tensor", calibration=calibration)
+    host = measured_machine(spec)
+    uncalibrated = plan_local(host, 2, spec, strategy="tensor")
+    calibrated = plan_local(host, 2, spec, strategy="tensor", calibration=calibration)
     assert calibrated.predicted_decode_tok_s != uncalibrated.predicted_decode_tok_s
 
 

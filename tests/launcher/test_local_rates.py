@@ -16,9 +16,15 @@ from cluster.bench import rates_cache
 from launcher.planning import local_rates as lr
 from launcher.planning.cluster_plan import measured_machine
 from topology.host_rates import parse_rates
+from topology.model.spec import spec_from_config
 
 CANNED = '{"copy_gbs": 3.0, "matmul_gflops": {"float32": {"1": 1.0, "512": 9.0}}, "device": "cpu"}'
 LLAMA = FIXTURES / "models" / "llama-3.3-70b-instruct-bf16"
+SMOLLM2 = {
+    "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+    "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30,
+    "vocab_size": 49152, "tie_word_embeddings": True, "torch_dtype": "float32",
+}  # fmt: skip
 
 
 @pytest.fixture
@@ -29,7 +35,7 @@ def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def _measured_never(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail(key: dict[str, str]) -> str | None:
+    def fail(key: dict[str, str], shapes: object = ()) -> str | None:
         raise AssertionError("measured again")
 
     monkeypatch.setattr(lr, "measure", fail)
@@ -38,7 +44,7 @@ def _measured_never(monkeypatch: pytest.MonkeyPatch) -> None:
 def _measured_canned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
 
-    def canned(key: dict[str, str]) -> str | None:
+    def canned(key: dict[str, str], shapes: object = ()) -> str | None:
         calls.append(1)
         rates_cache.keep(key, json.loads(CANNED))  # as the microbenchmark keeps what it measured
         return CANNED
@@ -55,6 +61,31 @@ def test_measured_once_then_read_back(cache: Path, monkeypatch: pytest.MonkeyPat
     _measured_never(monkeypatch)
     assert lr.local_rates() == first
     assert measured_machine().rates == first  # what plan --local and launch --local plan with
+
+
+def test_a_float32_models_own_shapes_are_timed_and_kept_apart(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SmolLM2's float32 matrices: float32's 1- and 8-row rates are timed on them (kept in a
+    file of their own, beside the machine's), every other figure is the machine's; a model
+    MLX multiplies itself (bfloat16, quantized) is planned with the machine's rates."""
+    spec = spec_from_config(SMOLLM2)
+    shapes = lr.layer_shapes(spec)
+    assert shapes == ((576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536),
+                      (1536, 576))  # fmt: skip
+    assert lr.layer_shapes(spec_from_config({**SMOLLM2, "torch_dtype": "bfloat16"})) == ()
+    generic = lr.local_rates()
+    model = lr.local_rates(shapes)
+    assert generic is not None and model is not None
+    assert len(list(cache.glob("rates-*.json"))) == 2
+    for kind, by_rows in generic.matmul_gflops.items():
+        want = {**by_rows, 1: model.matmul_gflops[kind][1], 8: model.matmul_gflops[kind][8]}
+        assert model.matmul_gflops[kind] == (want if kind == "float32" else by_rows)
+    assert (model.layer_us, model.exp_ns, model.copy_gbs) == (
+        generic.layer_us, generic.exp_ns, generic.copy_gbs)  # fmt: skip
+    _measured_never(monkeypatch)
+    assert lr.local_rates(shapes) == model
+    assert measured_machine(spec).rates == model  # what bench --local and plan --local use
 
 
 def test_a_changed_key_or_a_broken_file_is_measured_again(
