@@ -58,26 +58,33 @@ def parse_kinds(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 
 
 MAX_SHAPES = 16
+MAX_DIM = 1 << 20  # a width, a vocabulary, a count of layers
+MAX_ELEMENTS = 1 << 28  # one weight: 1 GiB of float32
 
 
 def parse_shapes(
     ctx: click.Context, param: click.Parameter, value: str
-) -> tuple[tuple[int, int], ...]:
+) -> tuple[tuple[int, int, int], ...]:
+    """KxN[*C],...: a model's weight shapes, each multiplied by C times a token (1 if not said)."""
     if not value:
         return ()
     shapes = []
     for part in value.split(","):
-        k, _, n = part.strip().partition("x")
-        if not (k.isdigit() and n.isdigit() and 0 < int(k) <= 1 << 16 and 0 < int(n) <= 1 << 16):
-            raise click.BadParameter(f"{part[:20]!r} is not KxN (1-65536 each)")
-        shapes.append((int(k), int(n)))
+        shape, _, count = part.strip().partition("*")
+        k, _, n = shape.partition("x")
+        numbers = [k, n, count or "1"]
+        if not all(x.isdigit() and 0 < int(x) <= MAX_DIM for x in numbers):
+            raise click.BadParameter(f"{part[:20]!r} is not KxN or KxN*C (1-{MAX_DIM} each)")
+        if int(k) * int(n) > MAX_ELEMENTS:
+            raise click.BadParameter(f"{shape[:20]!r} is over {MAX_ELEMENTS} elements")
+        shapes.append((int(k), int(n), int(count or "1")))
     if len(shapes) > MAX_SHAPES:
         raise click.BadParameter(f"at most {MAX_SHAPES} shapes")
     return tuple(shapes)
 
 
-def shapes_text(shapes: Sequence[tuple[int, int]]) -> str:
-    return ",".join(f"{k}x{n}" for k, n in shapes)
+def shapes_text(shapes: Sequence[tuple[int, int, int]]) -> str:
+    return ",".join(f"{k}x{n}" + (f"*{c}" if c != 1 else "") for k, n, c in shapes)
 
 
 def parse_seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
@@ -122,11 +129,12 @@ def _given_key(text: str) -> dict[str, str]:
     "--shapes",
     default="",
     callback=parse_shapes,
-    help="A model's matrices (KxN,...): float32's 1- and 8-row rates timed on them instead.",
+    help="A model's matrices (KxN or KxN*times a token, ...): float32's 1- and 8-row rates "
+    "timed on them instead.",
 )
 @click.option("--fresh", is_flag=True, help="Measure even when this host's rates are kept.")
 def main(
-    kinds: tuple[str, ...], seconds: float, shapes: tuple[tuple[int, int], ...], fresh: bool
+    kinds: tuple[str, ...], seconds: float, shapes: tuple[tuple[int, int, int], ...], fresh: bool
 ) -> None:
     """Measure this host's copy bandwidth and matmul throughput; print them as JSON."""
     # The key comes from the caller's environment, before the BLAS re-execution changes it

@@ -219,35 +219,53 @@ def layer_overhead(dtype: mx.Dtype, budget_s: float) -> tuple[float, float]:
 
 
 # The 1- and 8-row float32 rates depend on the matrix's shape on OpenBLAS (measured here, one
-# thread: 576x1536 4.3 GFLOP/s, 1536x576 8.3, 2048x2048 2.7), so `--local` times them again
-# on the model's own matrices (microbench --shapes): one layer's set, copied until the copies
-# outgrow any cache, as a decoding model's weights do, and multiplied in turn.
+# thread: 576x1536 4.3 GFLOP/s, 1536x576 8.3, 2048x2048 2.7, SmolLM2's 576x49152 LM head 3.2),
+# so `--local` times them again on the model's own matrices (microbench --shapes): each set of
+# matrices that occur equally often (a layer's, x layers; the head, once) copied until the
+# copies outgrow any cache, as a decoding model's weights do, and multiplied in turn.
 SHAPED_BYTES = 128 << 20
 SHAPED_ROWS = (1, 8)
 
+Shape = tuple[int, int, int]  # K, N, and how many times the model multiplies by one a token
 
-def shaped_gflops(shapes: Sequence[tuple[int, int]], budget_s: float) -> dict[int, float]:
-    """float32 GFLOP/s of x @ W.T over weights of these (K, N) shapes at each of SHAPED_ROWS."""
-    one_set = sum(4 * k * n for k, n in shapes)
+
+def _set_seconds(matrices: Sequence[tuple[int, int]], budget_s: float) -> dict[int, float]:
+    """Seconds to multiply by each of these (K, N) weights once, at each of SHAPED_ROWS."""
+    one_set = sum(4 * k * n for k, n in matrices)
     copies = max(1, -(-SHAPED_BYTES // one_set))
     weights = [
-        pattern((n, k), k**-0.5) * (1 + i / copies) for i in range(copies) for k, n in shapes
+        pattern((n, k), k**-0.5) * (1 + i / copies) for i in range(copies) for k, n in matrices
     ]
     mx.eval(weights)
-    rates = {}
+    seconds = {}
     for rows in SHAPED_ROWS:
-        xs = {k: pattern((rows, k), 2.0) for k, _ in shapes}
+        xs = {k: pattern((rows, k), 2.0) for k, _ in matrices}
         mx.eval(list(xs.values()))
 
         def run(calls: int, xs: dict[int, mx.array] = xs) -> None:
             mx.eval([xs[w.shape[1]] @ w.T for _ in range(calls) for w in weights])
 
-        seconds = best_per_call(run, budget_s / len(SHAPED_ROWS))
-        rates[rows] = _round(2 * rows * one_set / 4 * copies / seconds / 1e9)
-    return rates
+        seconds[rows] = best_per_call(run, budget_s / len(SHAPED_ROWS)) / copies
+    return seconds
 
 
-def shaped(rates: HostRates, shapes: Sequence[tuple[int, int]], seconds: float) -> HostRates:
+def shaped_gflops(shapes: Sequence[Shape], budget_s: float) -> dict[int, float]:
+    """float32 GFLOP/s of x @ W.T over a model's weights of these shapes, each as often as
+    the model multiplies by it, at each of SHAPED_ROWS."""
+    sets: dict[int, list[tuple[int, int]]] = {}
+    for k, n, count in shapes:
+        sets.setdefault(count, []).append((k, n))
+    flops = dict.fromkeys(SHAPED_ROWS, 0.0)
+    seconds = dict.fromkeys(SHAPED_ROWS, 0.0)
+    for count, matrices in sets.items():
+        timed = _set_seconds(matrices, budget_s / len(sets))
+        for rows in SHAPED_ROWS:
+            flops[rows] += count * sum(2 * rows * k * n for k, n in matrices)
+            seconds[rows] += count * timed[rows]
+    return {rows: _round(flops[rows] / seconds[rows] / 1e9) for rows in SHAPED_ROWS}
+
+
+def shaped(rates: HostRates, shapes: Sequence[Shape], seconds: float) -> HostRates:
     """`rates` with float32's 1- and 8-row points (and one thread's) timed on these shapes."""
     table = {k: dict(v) for k, v in rates.matmul_gflops.items()}
     table["float32"] = {**table.get("float32", {}), **shaped_gflops(shapes, seconds)}

@@ -180,7 +180,9 @@ class Engine:
                 in_flight = self.costs.means.get((batch.rows, False))
                 if in_flight is None:
                     return
-                seconds -= in_flight
+                # A check reads more positions than that plain forward: on a loaded machine
+                # the difference can come out at nothing, which would leave the check unseen.
+                seconds = max(seconds - in_flight, in_flight)
             self.costs.record(batch.positions, seconds, True)
         else:
             self._since_check += 1

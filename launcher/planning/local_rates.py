@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import click
 
 from cluster.bench import rates_cache
-from cluster.microbench import KEY_ENV, shapes_text
+from cluster.microbench import KEY_ENV, MAX_DIM, MAX_ELEMENTS, shapes_text
 from topology.errors import one_line
 from topology.host_rates import HostRates, parse_rates
 from topology.model.spec import ModelSpec
@@ -36,7 +36,7 @@ def _warn(line: str) -> None:
     click.echo(f"mlx-cluster: warning: {line}", err=True)
 
 
-def measure(key: dict[str, str], shapes: Sequence[tuple[int, int]] = ()) -> str | None:
+def measure(key: dict[str, str], shapes: Sequence[tuple[int, int, int]] = ()) -> str | None:
     """rates.json's text from this interpreter's microbenchmark, which keeps it under `key`
     (with the model's `shapes`, under the key and them); None (said on stderr) when it fails."""
     argv = [sys.executable, "-m", "cluster.microbench"]
@@ -61,20 +61,24 @@ def measure(key: dict[str, str], shapes: Sequence[tuple[int, int]] = ()) -> str 
     return done.stdout.decode("utf-8", "replace")
 
 
-def layer_shapes(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
-    """A float32 model's matrices (K, N) in one layer (q, k, v, o; gate, up, down), whose
-    decode rates `--local` measures (they depend on the shape); none for other models (MLX's
-    own kernels: the same rate at every shape measured) and for latent attention."""
+def layer_shapes(spec: ModelSpec) -> tuple[tuple[int, int, int], ...]:
+    """A float32 model's matrices (K, N, times a token): one layer's q, k, v, o, gate, up and
+    down, once a layer, and the LM head once, whose decode rates `--local` measures (they
+    depend on the shape); none for other models (MLX's own kernels: the same rate at every
+    shape measured) nor for latent or linear attention."""
     if spec.dtype_bytes != 4 or spec.bits < 16 or spec.is_mla or spec.is_hybrid:
         return ()
     h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     dense = len(spec.sparse_layers) < spec.layers
     width = spec.intermediate if dense else spec.moe_intermediate or spec.intermediate
-    shapes = ((h, q), (h, kv), (h, kv), (q, h), (h, width), (h, width), (width, h))
-    return shapes if all(k > 0 and n > 0 for k, n in shapes) else ()
+    layer = ((h, q), (h, kv), (h, kv), (q, h), (h, width), (h, width), (width, h))
+    shapes = (*((k, n, spec.layers) for k, n in layer), (h, spec.vocab, 1))
+    ok = all(0 < x <= MAX_DIM for shape in shapes for x in shape)
+    ok = ok and all(k * n <= MAX_ELEMENTS for k, n, _ in shapes)
+    return shapes if ok else ()
 
 
-def local_rates(shapes: Sequence[tuple[int, int]] = ()) -> HostRates | None:
+def local_rates(shapes: Sequence[tuple[int, int, int]] = ()) -> HostRates | None:
     """This machine's rates (float32's decode points timed on a model's `shapes` when given):
     cached when measured before with the same key, else measured now (a few seconds) and
     cached; None when the measurement failed."""

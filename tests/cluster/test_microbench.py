@@ -56,8 +56,8 @@ def test_default_kinds_at_every_row_count_on_this_device() -> None:
 def test_a_models_shapes_replace_float32s_decode_points_only(tmp_path: Any) -> None:
     env = {"MLX_CLUSTER_CACHE": str(tmp_path)}
     generic = _json(_bench(env=env))
-    shaped = _json(_bench("--shapes", "256x768,768x256", env=env))
-    assert shaped["shapes"] == "256x768,768x256"
+    shaped = _json(_bench("--shapes", "256x768*4,768x256*4,256x4096", env=env))
+    assert shaped["shapes"] == "256x768*4,768x256*4,256x4096"
     for kind, by_rows in generic["matmul_gflops"].items():
         if kind != "float32":
             assert shaped["matmul_gflops"][kind] == by_rows
@@ -65,10 +65,12 @@ def test_a_models_shapes_replace_float32s_decode_points_only(tmp_path: Any) -> N
     # timed again on those shapes: not the 2048x2048 figures
     assert shaped["matmul_gflops"]["float32"]["1"] != generic["matmul_gflops"]["float32"]["1"]
     assert len(list(tmp_path.glob("rates-*.json"))) == 2  # both kept, apart
-    assert _json(_bench("--shapes", "256x768,768x256", env=env)) == shaped  # read back
+    assert _json(_bench("--shapes", "256x768*4,768x256*4,256x4096", env=env)) == shaped  # kept
 
 
-@pytest.mark.parametrize("shapes", ["256", "0x5", "ax3", ",".join(["8x8"] * 17)])
+@pytest.mark.parametrize(
+    "shapes", ["256", "0x5", "ax3", "8x8*0", "65536x65536", ",".join(["8x8"] * 17)]
+)
 def test_bad_shapes_are_refused_before_measuring(shapes: str) -> None:
     done = _bench("--shapes", shapes)
     assert done.returncode == 2 and "--shapes" in done.stderr and "Traceback" not in done.stderr

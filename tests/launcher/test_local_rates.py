@@ -71,8 +71,8 @@ def test_a_float32_models_own_shapes_are_timed_and_kept_apart(
     MLX multiplies itself (bfloat16, quantized) is planned with the machine's rates."""
     spec = spec_from_config(SMOLLM2)
     shapes = lr.layer_shapes(spec)
-    assert shapes == ((576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536),
-                      (1536, 576))  # fmt: skip
+    layer = ((576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576))
+    assert shapes == (*((k, n, 30) for k, n in layer), (576, 49152, 1))  # 30 layers, the head
     assert lr.layer_shapes(spec_from_config({**SMOLLM2, "torch_dtype": "bfloat16"})) == ()
     generic = lr.local_rates()
     model = lr.local_rates(shapes)
