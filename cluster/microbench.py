@@ -1,8 +1,11 @@
-"""`python -m cluster.microbench [--kinds float32,q4,...] [--seconds S]`: this host's rates.
+"""`python -m cluster.microbench [--kinds float32,q4,...] [--seconds S] [--shapes KxN*C,...]`:
+this host's rates.
 
 Prints one JSON object, rates.json of a snapshot (topology/host_rates.py parses it): copy
 bandwidth and matmul GFLOP/s per weight kind at 1, 8 and 512 rows on MLX's default device
-(cluster/bench/rates.py measures), plus the BLAS MLX multiplied with. The topology probe runs it
+(cluster/bench/rates.py measures), a layer's work besides its matmuls, plus the BLAS MLX
+multiplied with. --shapes: float32's 1- and 8-row points timed again on a model's own matrices
+(`--local` plans a float32 model with them; kept apart). The topology probe runs it
 on every host, the agent once at start, `--local N` once per machine. With the default kinds and
 seconds the result is kept (cluster/bench/rates_cache.py) and printed again on the next run
 without measuring: a `launch` probes every host, and measuring costs seconds; --fresh measures.

@@ -1,7 +1,8 @@
 """This machine's measured rates for `--local N`: `python -m cluster.microbench` run once, then read
 back in this process from the rates cache (cluster/bench/rates_cache.py, the file the
-microbenchmark itself keeps). A failed measurement leaves the rates unknown (the chip table
-stands in) and is not kept, so the next plan tries again.
+microbenchmark itself keeps); for a float32 model, once more on its own matrices (float32's
+decode rates depend on the shape on OpenBLAS). A failed measurement leaves the rates unknown
+(the chip table stands in) and is not kept, so the next plan tries again.
 """
 
 from __future__ import annotations
