@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
 
 import click
 
@@ -86,10 +85,6 @@ def parse_shapes(
     return tuple(shapes)
 
 
-def shapes_text(shapes: Sequence[tuple[int, int, int]]) -> str:
-    return ",".join(f"{k}x{n}" + (f"*{c}" if c != 1 else "") for k, n, c in shapes)
-
-
 def parse_seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
     try:
         seconds = float(value)
@@ -145,8 +140,8 @@ def main(
     given = os.environ.get(KEY_ENV)
     key = _given_key(given) if given else rates_cache.rates_key()
     kept = kinds == DEFAULT_KINDS and seconds == DEFAULT_SECONDS
-    shaped_key = {**key, "shapes": shapes_text(shapes)} if shapes else key
-    if kept and not fresh and (hit := rates_cache.cached(shaped_key)) is not None:
+    model_key = rates_cache.shaped_key(key, shapes)
+    if kept and not fresh and (hit := rates_cache.cached(model_key)) is not None:
         click.echo(json.dumps(hit))
         return
     os.environ[KEY_ENV] = json.dumps(key)
@@ -165,9 +160,9 @@ def main(
     out = generic
     if shapes:
         rates = shaped(parse_rates(json.dumps(generic)), shapes, seconds)
-        out = {**rates.to_json(), "blas": blas.in_use(), "shapes": shapes_text(shapes)}
+        out = {**rates.to_json(), "blas": blas.in_use(), "shapes": model_key["shapes"]}
         if kept:
-            rates_cache.keep(shaped_key, out)
+            rates_cache.keep(model_key, out)
     click.echo(json.dumps(out))
 
 

@@ -16,9 +16,10 @@ planner wants what a rank here can attain.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -215,7 +216,9 @@ def layer_overhead(dtype: mx.Dtype, budget_s: float) -> tuple[float, float]:
     g = a + 1
     mx.eval(a, g)
     exp_s = best_per_call(lambda calls: mx.eval([nn.silu(a) * g for _ in range(calls)]), share)
-    return max(per_layer, 0.0), exp_s / a.size
+    # A chain of 12 never takes less than one of 4; noise can make it look so. The floor keeps
+    # the figure a positive number, as rates.json's reader requires.
+    return max(per_layer, 1e-9), exp_s / a.size
 
 
 # The 1- and 8-row float32 rates depend on the matrix's shape on OpenBLAS (measured here, one
@@ -270,11 +273,23 @@ def shaped(rates: HostRates, shapes: Sequence[Shape], seconds: float) -> HostRat
     table = {k: dict(v) for k, v in rates.matmul_gflops.items()}
     table["float32"] = {**table.get("float32", {}), **shaped_gflops(shapes, seconds)}
     one = {k: dict(v) for k, v in rates.one_thread_gflops.items()}
-    threads = blas.blas_threads() if device() == "cpu" else None
-    if "float32" in one and threads is not None and threads > 1 and blas.set_blas_threads(1):
-        one["float32"] = {**one["float32"], **shaped_gflops(shapes, seconds * ONE_THREAD_SHARE)}
-        blas.set_blas_threads(threads)
+    with one_blas_thread() as several:
+        if several and "float32" in one:
+            one["float32"] |= shaped_gflops(shapes, seconds * ONE_THREAD_SHARE)
     return dataclasses.replace(rates, matmul_gflops=table, one_thread_gflops=one)
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[bool]:
+    """A CPU's OpenBLAS on one thread for the block, then back; yields False (nothing changed)
+    where there is no OpenBLAS or it runs one thread anyway: no one-thread figures to take."""
+    threads = blas.blas_threads() if device() == "cpu" else None
+    several = threads is not None and threads > 1 and blas.set_blas_threads(1)
+    try:
+        yield several
+    finally:
+        if several and threads is not None:
+            blas.set_blas_threads(threads)
 
 
 def _round(value: float) -> float:
@@ -300,14 +315,13 @@ def measure(kinds: Sequence[str], seconds: float) -> HostRates:
     table = {
         kind: {r: _round(g) for r, g in matmul_gflops(kind, w, per_kind).items()} for kind in kinds
     }
-    threads = blas.blas_threads() if device() == "cpu" else None
     one: dict[str, dict[int, float]] = {}
     blas_kinds = [k for k in kinds if k in BLAS_KINDS]
-    if threads is not None and threads > 1 and blas_kinds and blas.set_blas_threads(1):
-        share = seconds * ONE_THREAD_SHARE / len(blas_kinds)
-        for kind in blas_kinds:
+    share = seconds * ONE_THREAD_SHARE / max(1, len(blas_kinds))
+    with one_blas_thread() as several:
+        for kind in blas_kinds if several else ():
             one[kind] = {r: _round(g) for r, g in matmul_gflops(kind, w, share).items()}
-        blas.set_blas_threads(threads)
+    threads = blas.blas_threads() if device() == "cpu" else None
     # The activations' dtypes of the kinds timed (quantized: bfloat16, or float32 for -float32)
     dtypes = {activation_dtype(k) for k in kinds}
     layer_us, exp_ns = {}, {}

@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,16 @@ def rates_key() -> dict[str, str]:
         "kinds": ",".join(DEFAULT_KINDS),  # what a kept run holds
         **{name: os.environ.get(name, "") for name in THREAD_VARIABLES},
     }
+
+
+def shapes_text(shapes: Sequence[tuple[int, int, int]]) -> str:
+    """microbench --shapes's text: KxN, or KxN*C for a matrix used C times a token."""
+    return ",".join(f"{k}x{n}" + (f"*{c}" if c != 1 else "") for k, n, c in shapes)
+
+
+def shaped_key(key: dict[str, str], shapes: Sequence[tuple[int, int, int]]) -> dict[str, str]:
+    """The key of rates timed again on a model's matrices: kept apart from the machine's."""
+    return {**key, "shapes": shapes_text(shapes)} if shapes else key
 
 
 def rates_path(key: dict[str, str]) -> Path:

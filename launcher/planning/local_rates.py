@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import click
 
 from cluster.bench import rates_cache
-from cluster.microbench import KEY_ENV, MAX_DIM, MAX_ELEMENTS, shapes_text
+from cluster.microbench import KEY_ENV, MAX_DIM, MAX_ELEMENTS
 from topology.errors import one_line
 from topology.host_rates import HostRates, parse_rates
 from topology.model.spec import ModelSpec
@@ -41,7 +41,7 @@ def measure(key: dict[str, str], shapes: Sequence[tuple[int, int, int]] = ()) ->
     """rates.json's text from this interpreter's microbenchmark, which keeps it under `key`
     (with the model's `shapes`, under the key and them); None (said on stderr) when it fails."""
     argv = [sys.executable, "-m", "cluster.microbench"]
-    argv += ["--shapes", shapes_text(shapes)] if shapes else []
+    argv += ["--shapes", rates_cache.shapes_text(shapes)] if shapes else []
     env = {**os.environ, KEY_ENV: json.dumps(key)}
     try:
         done = subprocess.run(
@@ -84,7 +84,7 @@ def local_rates(shapes: Sequence[tuple[int, int, int]] = ()) -> HostRates | None
     cached when measured before with the same key, else measured now (a few seconds) and
     cached; None when the measurement failed."""
     key = rates_key()
-    cached = _cached({**key, "shapes": shapes_text(shapes)} if shapes else key)
+    cached = _cached(rates_cache.shaped_key(key, shapes))
     if cached is not None:
         return cached
     text = measure(key, shapes)  # the microbenchmark keeps what it measured (its BLAS line)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from topology.chips import DECODE_BANDWIDTH_EFFICIENCY, GIB, BackendCost, max_wired_bytes
 from topology.facts import Problem
-from topology.host_rates import activation_dtype, weight_kind
+from topology.host_rates import weight_kind
 from topology.model.spec import ModelSpec
 from topology.planning.placement import (
     RankLoad,
@@ -64,10 +64,11 @@ def gib(n: float) -> str:
 
 def rank_rates(spec: ModelSpec, slots: Sequence[Slot], rows: int = 1) -> list[RankRate]:
     """Each rank's measured matmul throughput for this model's weights at `rows` rows."""
-    kind = weight_kind("float32" if spec.dtype_bytes == 4 else "bfloat16", spec.bits)
+    activations = "float32" if spec.dtype_bytes == 4 else "bfloat16"
+    kind = weight_kind(activations, spec.bits)
     out = []
     for s in slots:
-        layer_s, exp_s = s.layer_costs(activation_dtype(kind)) or (0.0, 0.0)
+        layer_s, exp_s = s.layer_costs(activations) or (0.0, 0.0)
         memory = s.rates is None or s.rates.device != "cpu"
         out.append(RankRate(s.gflops(kind, rows), memory, layer_s, exp_s))
     return out
