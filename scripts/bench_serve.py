@@ -11,7 +11,9 @@ Both servers run on 2 local ranks, tensor parallel, ring backend over 127.0.0.1:
   ours:   `mlx-cluster serve --local 2 --model DIR --port 0` (its default flags)
   mlx-lm: two `python -m mlx_lm.server` ranks started directly with MLX_RANK / MLX_HOSTFILE (not
           through mlx.launch, whose I/O loop spins on a core); rank 0 serves HTTP; its defaults
-          (tensor parallel, --decode-concurrency 32, --prompt-concurrency 8).
+          (tensor parallel, --decode-concurrency 32, --prompt-concurrency 8); with the BLAS ours
+          preload (the system OpenBLAS, cores split between the ranks) unless --their-blas
+          bundled (the wheel's reference BLAS, mlx-lm out of the box on Linux).
 By default both stay up for the whole run and every round is interleaved: per repetition, per
 concurrency c, ours then mlx-lm (the order alternates each repetition). An idle server's ranks
 spin in a collective, though (each takes a core), so on a machine with few cores a round shares
@@ -92,6 +94,13 @@ def parse_args() -> argparse.Namespace:
         help="instead of the comparison: our server alone, per rep and concurrency three\n"
         "rounds, one with a dashboard stream open, two without (an A/A noise reference);\n"
         "prints the ratios with / without and without / without",
+    )
+    p.add_argument(
+        "--their-blas",
+        choices=["same", "bundled"],
+        default="same",
+        help="mlx-lm's ranks: same (default): the system OpenBLAS ours preload, the cores split\n"
+        "alike; bundled: the wheel's reference BLAS, as mlx-lm runs out of the box",
     )
     p.add_argument("--json", type=Path, metavar="PATH", help="write raw and summary figures")
     args = p.parse_args()

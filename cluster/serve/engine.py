@@ -19,7 +19,7 @@ from cluster.serve.sampling import Fault, guarded, request_processors, request_s
 from cluster.speculative.check_width import StepCost, StepCosts, choose_width
 from cluster.speculative.draft_length import FIRST_DRAFT
 from cluster.speculative.drafts import DraftCounts, Drafts
-from cluster.speculative.verify import CHECK_POSITIONS, DraftingBatch, install
+from cluster.speculative.verify import DraftingBatch, install
 
 # The longest prompt chunk of a step; every step message sets the chunk (Step.chunk) below it.
 MAX_CHUNK = 2048
@@ -200,16 +200,17 @@ class Engine:
         if not prospects:
             return None
         rows = len(self._batch.uids)
-        # Never below the fixed bound yet: on fresh prompts the model's own choice took most of
-        # edit's gain (1.1x against 2.8x here), a sequence's worth falling after one rejection.
-        width = max(choose_width(fit, prospects, rows), CHECK_POSITIONS // rows - 1)
-        if width < FIRST_DRAFT and any(p.fresh and p.limit for p in prospects):
-            width = FIRST_DRAFT  # a new sequence's worth is learnt by asking it a few times
+        width = choose_width(fit, prospects, rows)
+        # A check made only to learn is short: every row pays for it (one drafted token a row
+        # in a batch, a few alone).
+        learn = max(1, FIRST_DRAFT // rows)
+        if width < learn and any(p.fresh and p.limit for p in prospects):
+            width = learn  # a new sequence's worth is learnt by asking it a few times
         elif width > 0:
             self._probe_every = PROBE_EVERY
         elif self._since_check >= self._probe_every and any(p.limit for p in prospects):
             # a rate learnt long ago says little now: check a short draft once
-            width, self._since_check = FIRST_DRAFT, 0
+            width, self._since_check = learn, 0
             self._probe_every = min(2 * self._probe_every, MAX_PROBE_EVERY)
         return width
 

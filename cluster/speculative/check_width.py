@@ -20,6 +20,10 @@ from cluster.speculative.draft_length import MAX_DRAFT
 WEIGHT = 0.2  # of a new step time in its position count's running mean
 MIN_STEPS = 3  # steps at a position count before its mean counts in the fit
 FIT_WEIGHT_CAP = 16  # a point's weight in the fit grows with its steps up to this
+# A check must promise this much more than plain steps: the fitted line and the acceptance are
+# estimates, and a check that only breaks even still costs (chats at 8 clients here ran at
+# 0.86-0.90x plain steps without it).
+MARGIN = 0.1
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,10 @@ class StepCost:
     fixed_s: float
     per_position_s: float
     check_s: float = 0.0
+    # The most positions a measured step read (0: not known). A line fitted on narrow steps
+    # says little about far wider ones (noise can flatten its slope to nothing, and a CPU's
+    # cost is not a line): checks widen at most to twice what was measured, step by step.
+    measured_positions: int = 0
 
     def seconds(self, positions: int, checks: bool) -> float:
         return self.fixed_s + self.per_position_s * positions + (self.check_s if checks else 0.0)
@@ -56,8 +64,9 @@ class StepCosts:
 
     def fit(self) -> StepCost | None:
         """Weighted least squares over the (positions, checked) kinds measured MIN_STEPS times
-        or more: one slope, an intercept for plain steps and one for checking steps; None until
-        two position counts are measured (no slope without them)."""
+        or more: one slope, an intercept for plain steps and one for checking steps (once checks
+        are measured at two position counts); None until two position counts are measured (no
+        slope without them)."""
         points = [
             (p, checked, m, min(self.steps[(p, checked)], FIT_WEIGHT_CAP))
             for (p, checked), m in self.means.items()
@@ -66,6 +75,11 @@ class StepCosts:
         if len({p for p, _, _, _ in points}) < 2:
             return None
         groups = [[pt for pt in points if pt[1] is kind] for kind in (False, True)]
+        if len({p for p, _, _, _ in groups[1]}) < 2:
+            # Checks at one position count give no slope of their own: their intercept would
+            # take up all of their difference from plain steps, whose few close row counts give
+            # a slope of noise (then any width looks as cheap as one). One line through all.
+            groups = [points, []]
         centre = [_means(g) for g in groups]  # (mean positions, mean seconds) of each kind
         sxx = sxy = 0.0
         for group, c in zip(groups, centre, strict=True):
@@ -76,10 +90,11 @@ class StepCosts:
         # Noise can tilt two close points either way; a forward never gets cheaper with width.
         slope = max(sxy / sxx, 0.0) if sxx > 0 else 0.0
         plain, checking = (None if c is None else c[1] - slope * c[0] for c in centre)
+        widest = max(p for p, _ in self.means)
         if plain is None:  # only checks measured: their intercept is all there is
-            return StepCost(max(checking or 0.0, 0.0), slope)
+            return StepCost(max(checking or 0.0, 0.0), slope, measured_positions=widest)
         extra = 0.0 if checking is None else max(checking - plain, 0.0)
-        return StepCost(max(plain, 0.0), slope, extra)
+        return StepCost(max(plain, 0.0), slope, extra, widest)
 
 
 def _means(points: list[tuple[int, bool, float, int]]) -> tuple[float, float] | None:
@@ -94,8 +109,9 @@ def _means(points: list[tuple[int, bool, float, int]]) -> tuple[float, float] | 
 
 @dataclass(frozen=True)
 class Prospect:
-    """What one sequence's drafts are worth now: the share of drafted tokens accepted lately, how
-    long it may draft (its own limit; 0 while paused), how often it had a draft when asked."""
+    """What one sequence's drafts are worth now: the chance a drafted token holds when the one
+    before it did (recent checks), how long it may draft (0 while paused), how often it had a
+    draft when asked."""
 
     rate: float
     limit: int
@@ -114,15 +130,19 @@ def expected_accepted(p: Prospect, width: int) -> float:
 def choose_width(
     cost: StepCost, prospects: Sequence[Prospect], rows: int, max_width: int = MAX_DRAFT
 ) -> int:
-    """The width (0: plain steps) with the most expected tokens per second for the batch; ties
-    go to the narrower. At a width above 0 a step checks only when some sequence has a draft
-    (each has one with its share `found`); otherwise it is a plain step."""
+    """The width (0: plain steps) with the most expected tokens per second for the batch, no
+    wider than twice the positions measured, plain steps unless a check promises MARGIN more;
+    ties go to the narrower. At a width above 0 a step checks only when some sequence has a
+    draft (each has one with its share `found`); otherwise it is a plain step."""
     drafting = 1.0
     for p in prospects:
         drafting *= 1 - (min(max(p.found, 0.0), 1.0) if p.limit else 0.0)
     drafting = 1 - drafting  # some sequence has a draft
     plain = cost.seconds(rows, False)
-    best, best_rate = 0, rows / max(plain, 1e-9)
+    best, best_rate = 0, rows / max(plain, 1e-9) * (1 + MARGIN)
+    if cost.measured_positions:
+        widest = max(2 * cost.measured_positions, 2 * rows)
+        max_width = min(max_width, widest // rows - 1)
     for width in range(1, max_width + 1):
         checking = cost.seconds(rows * (width + 1), True)
         seconds = drafting * checking + (1 - drafting) * plain

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from cluster.speculative.check_width import Prospect
-from cluster.speculative.draft_length import DraftLength
+from cluster.speculative.draft_length import MAX_DRAFT, DraftLength
 from cluster.speculative.draft_model import ModelDrafter
 from cluster.speculative.lookup import Prediction, PromptLookup
 
@@ -15,7 +15,12 @@ FOUND_WEIGHT = 0.25  # of the newest step in a sequence's running share of steps
 # kind of source were lately (this weight per finished sequence); before any finished, hopeful:
 # every step has a draft, and a client's prediction is mostly right (it says it is the answer).
 PRIOR_WEIGHT = 0.5
-FIRST_PRIORS = {"lookup": (1.0, None), "prediction": (1.0, 0.8)}  # (found, acceptance)
+# (found, per-token acceptance q: the chance a drafted token holds given the one before did)
+FIRST_PRIORS = {"lookup": (1.0, 0.5), "prediction": (1.0, 0.8)}
+# A sequence's q is counted over its recent checks: each weighs this much less at every newer
+# one (the text it writes changes: a copied function, then prose about it).
+KEEP = 0.7
+MAX_Q = 0.95  # a prior is never certainty: a sequence's own misses must be able to count
 # A new sequence is asked for drafts this many times whatever the costs say: what it is worth
 # is learnt only by asking (an edit after chats copies a lot, though the chats found nothing).
 FRESH_ASKS = 4
@@ -47,6 +52,12 @@ class _Sequence:
     found: float = 1.0
     asks: int = 0
     seen: tuple[int, bool] = (-1, False)  # (tokens, could it draft then): observe()'s answer
+    ready: bool = True  # not pausing this step (observe() counts a pause down every step)
+    # Drafted tokens kept and checks cut short (a token rejected), recent ones weighing more,
+    # from the prior's pseudo-counts: q = held / (held + cuts), a run length's geometric law.
+    held: float = 1.0
+    cuts: float = 1.0
+    cut_checks: int = 0  # checks that rejected a token, over the whole sequence (for priors)
 
     def asked(self, had_draft: bool) -> None:
         self.found = (1 - FOUND_WEIGHT) * self.found + FOUND_WEIGHT * had_draft
@@ -74,8 +85,8 @@ class Drafts:
         self._running: dict[int, _Sequence] = {}
         self.drafter, self.exchange = drafter, exchange
         self.model_drafts = exchange is not None  # the same on every rank, drafter or not
-        # source -> (found, acceptance; None: as DraftLength starts)
-        self._priors: dict[str, tuple[float, float | None]] = dict(FIRST_PRIORS)
+        # source -> (found, q)
+        self._priors: dict[str, tuple[float, float]] = dict(FIRST_PRIORS)
 
     def expect(self, uid: int, prediction: Sequence[int] | None) -> None:
         self._waiting[uid] = prediction
@@ -86,11 +97,14 @@ class Drafts:
             return
         given = self._waiting.pop(uid)
         prediction = Prediction(given) if given else None
+        found, q = self._priors[_source(prediction)]
+        q = min(q, MAX_Q)
         self._running[uid] = _Sequence(
             lookup=PromptLookup(),
             prediction=prediction,
             prompt_len=len(tokens),
-            found=self._priors[_source(prediction)][0],
+            found=found,
+            held=q / (1 - q),  # one cut's worth of prior at the prior's q
         )
 
     def _could(self, s: _Sequence, history: list[int]) -> bool:
@@ -102,13 +116,16 @@ class Drafts:
         draft."""
         s = self._running.get(uid)
         if s is not None:
+            # A pause counts steps, drafting or not: were it counted only when the batch asks,
+            # a batch that checks nothing while every sequence pauses would wait for ever.
+            s.ready = s.length.ready()
             s.seen = (len(history), self._could(s, history))
             s.could = (1 - FOUND_WEIGHT) * s.could + FOUND_WEIGHT * s.seen[1]
 
     def wants(self, uid: int, history: list[int]) -> bool:
-        """Whether the sequence may draft this step (once per step: pauses count steps)."""
+        """Whether the sequence may draft this step (after observe() of the same step)."""
         s = self._running.get(uid)
-        if s is None or not s.length.ready():
+        if s is None or not s.ready:
             return False
         s.asks += 1
         seen, could = s.seen
@@ -138,19 +155,23 @@ class Drafts:
         s = self._running.get(uid)
         if s is None:
             return None
-        limit = 0 if s.length.paused > 0 else s.length.limit
-        rate = s.length.rate
-        prior = self._priors[_source(s.prediction)][1]
-        if not s.counts.drafted and prior is not None:
-            rate = prior  # nothing checked yet: as the sequences before it did
+        # Valued at what it can draft, not at its momentary length (draft_length.py cuts that
+        # to 1 after a rejection and regrows it by doubling): one rejected token mid-copy must
+        # not make the batch stop asking a sequence that copies.
+        limit = MAX_DRAFT if s.ready else 0
+        q = s.held / (s.held + s.cuts)
         found = s.could * s.found
-        return Prospect(rate=rate, limit=limit, found=found, fresh=s.asks < FRESH_ASKS)
+        return Prospect(rate=q, limit=limit, found=found, fresh=s.asks < FRESH_ASKS)
 
     def record(self, uid: int, drafted: int, accepted: int) -> None:
         s = self._running.get(uid)
         if s is None or drafted == 0:
             return
         s.length.record(drafted, accepted)
+        cut = accepted < drafted
+        s.held = KEEP * s.held + accepted
+        s.cuts = KEEP * s.cuts + cut
+        s.cut_checks += cut
         c = s.counts
         c.drafted, c.accepted, c.checks = c.drafted + drafted, c.accepted + accepted, c.checks + 1
         if s.from_prediction:
@@ -165,12 +186,12 @@ class Drafts:
         if s is None:
             return None
         source = _source(s.prediction)
-        found, rate = self._priors[source]
+        found, q = self._priors[source]
         found += PRIOR_WEIGHT * (s.found - found)
         if s.counts.drafted:
-            kept = s.counts.accepted / s.counts.drafted
-            rate = kept if rate is None else rate + PRIOR_WEIGHT * (kept - rate)
-        self._priors[source] = (found, rate)
+            kept = s.counts.accepted / (s.counts.accepted + max(s.cut_checks, 1))
+            q += PRIOR_WEIGHT * (kept - q)
+        self._priors[source] = (found, q)
         return s.counts
 
     def counts(self, uid: int) -> DraftCounts | None:

@@ -92,7 +92,8 @@ class Bench:
         first time, measure how much CPU they burn while idle."""
         args = self.args
         began = time.monotonic()
-        waiting = {name: start_server(name, args.cli, self.model, self.logs, self.procs)
+        same_blas = args.their_blas == "same"
+        waiting = {name: start_server(name, args.cli, self.model, self.logs, self.procs, same_blas)
                    for name in names}  # fmt: skip
         for name in names:
             server = self.servers[name] = waiting[name](args.start_timeout)

@@ -5,6 +5,7 @@ ranks started directly with MLX_RANK / MLX_HOSTFILE, not through mlx.launch)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import urllib.error
@@ -60,12 +61,15 @@ class Server:
 Waiter = Callable[[float], Server]  # a started server: wait up to this many seconds for it
 
 
-def start_server(name: str, cli: str, model: Path, logs: Path, procs: list[Proc]) -> Waiter:
-    """Start one of NAMES (its processes go into `procs`); call the result to wait until ready."""
+def start_server(
+    name: str, cli: str, model: Path, logs: Path, procs: list[Proc], same_blas: bool = True
+) -> Waiter:
+    """Start one of NAMES (its processes go into `procs`); call the result to wait until ready.
+    same_blas: mlx-lm's ranks get the OpenBLAS ours preload (else the wheel's bundled one)."""
     if name == "mlx-cluster":
         return partial(wait_ours, start_ours(cli, model, logs, procs), model)
     if name == "mlx-lm":
-        return partial(wait_theirs, *start_theirs(model, logs, procs))
+        return partial(wait_theirs, *start_theirs(model, logs, procs, same_blas))
     raise ValueError(f"unknown server {name!r}")
 
 
@@ -93,7 +97,15 @@ def wait_ours(proc: Proc, model: Path, timeout: float) -> Server:
     raise BenchError(f"mlx-cluster serve not ready after {timeout:.0f} s\n{proc.tail()}")
 
 
-def start_theirs(model: Path, logs: Path, procs: list[Proc]) -> tuple[list[Proc], int]:
+def start_theirs(
+    model: Path, logs: Path, procs: list[Proc], same_blas: bool = True
+) -> tuple[list[Proc], int]:
+    """mlx-lm's ranks; with same_blas, the BLAS and thread count ours give themselves
+    (cluster/blas.py: the system OpenBLAS preloaded, the cores split between the ranks)."""
+    from cluster.blas import find_openblas
+
+    blas = find_openblas() if same_blas else None
+    threads = str(max(1, (os.cpu_count() or 1) // RANKS))
     hostfile = logs / "mlx-lm-ring.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(RANKS)]))
     port = free_port()
@@ -102,6 +114,8 @@ def start_theirs(model: Path, logs: Path, procs: list[Proc]) -> tuple[list[Proc]
     started = []
     for rank in range(RANKS):
         env = {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
+        if blas:
+            env |= {"LD_PRELOAD": blas, "OPENBLAS_NUM_THREADS": threads}
         proc = start_proc(f"mlx-lm-rank{rank}", argv, logs, env)
         procs.append(proc)
         started.append(proc)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from cluster.serve.control import Step
 from cluster.speculative.check_width import (
+    MARGIN,
     Prospect,
     StepCost,
     StepCosts,
@@ -23,6 +25,8 @@ from cluster.speculative.check_width import (
 # here (OpenBLAS, 2 cores) for the real SmolLM2 float32 on one rank, 1-client chats. And a
 # Mac-like forward (memory-bound: reading the weights dominates, a position costs little).
 CPU = StepCost(0.053, 0.017, 0.004)
+# The same model and machine at 7-8 rows (chats at 8 clients): a row costs far less in a batch.
+CPU_BATCH = StepCost(0.060, 0.0045, 0.004)
 MAC = StepCost(0.030, 0.00004, 0.001)
 
 
@@ -72,7 +76,7 @@ def test_a_forward_never_gets_cheaper_with_width() -> None:
         costs.record(1, 0.030)
         costs.record(2, 0.029)  # noise
     fit = costs.fit()
-    assert fit == StepCost(pytest.approx(0.0295), 0.0)
+    assert fit == StepCost(pytest.approx(0.0295), 0.0, measured_positions=2)
 
 
 def test_nothing_to_copy_means_plain_steps() -> None:
@@ -95,14 +99,18 @@ def test_a_compute_bound_batch_checks_less_as_rows_grow() -> None:
     each: 1.7x a plain step's time for 1.2x its tokens)."""
     good = Prospect(rate=0.8, limit=8, found=1.0)
     middling = Prospect(rate=0.4, limit=8, found=0.5)
-    alone = choose_width(CPU, [good], rows=1)
+    alone = choose_width(CPU_BATCH, [good], rows=1)
     assert alone >= 3
-    assert choose_width(CPU, [middling] * 8, rows=8) == 0
-    assert 0 < choose_width(CPU, [good] * 8, rows=8) < alone
+    assert choose_width(CPU_BATCH, [middling] * 8, rows=8) == 0
+    assert 0 < choose_width(CPU_BATCH, [good] * 8, rows=8) < alone
+    # where every position costs a third of a step, what a check of 8 rows gains is within
+    # the margin a check must promise: plain steps
+    assert choose_width(CPU, [good] * 8, rows=8) == 0
 
 
 def test_the_chosen_width_is_the_best_of_all() -> None:
-    """Brute force over every width on random prospects and costs: nothing beats the choice."""
+    """Brute force over every width on random prospects and costs: nothing beats the choice
+    (plain steps with the margin a check must beat them by)."""
     rng = random.Random(3)
     for _ in range(300):
         cost = StepCost(rng.uniform(0.001, 0.05), rng.uniform(0.0, 0.004), rng.uniform(0, 0.01))
@@ -118,6 +126,7 @@ def test_the_chosen_width_is_the_best_of_all() -> None:
             / ((1 - drafting) * cost.seconds(rows * (w + 1), True) + drafting * plain)
             for w in range(1, 9)
         ]
+        rates[0] *= 1 + MARGIN  # a check must promise this much more than plain steps
         assert all(rates[best] >= r * (1 - 1e-9) for r in rates)
 
 
@@ -261,3 +270,72 @@ def test_a_sequence_that_could_copy_is_seen_while_the_batch_does_not_draft() -> 
     copying, fresh = drafts.prospect(1), drafts.prospect(2)
     assert copying is not None and fresh is not None
     assert copying.found > 0.9 and fresh.found < 0.1
+
+
+def test_one_rejected_token_mid_copy_leaves_a_copying_sequence_worth_asking() -> None:
+    """A sequence's worth is the chance a drafted token holds (held / (held + cut checks), recent
+    checks weighing more), at the most it could draft: its own length, cut to 1 by a rejection
+    and regrown by doubling, does not make the batch stop asking (a fresh edit ran at 1.1x
+    `--speculative off` while worth followed the length, 2.8x with a fixed width)."""
+    from cluster.speculative.drafts import Drafts
+
+    drafts = Drafts()
+    drafts.expect(1, None)
+    drafts.join(1, [1, 2, 3])
+    for drafted, accepted in [(2, 2), (4, 4), (8, 8), (8, 8), (8, 0)]:  # the renamed parameter
+        drafts.record(1, drafted, accepted)
+    copying = drafts.prospect(1)
+    assert copying is not None and copying.limit == 8 and copying.rate > 0.8
+    assert choose_width(CPU, [copying], rows=1) >= 3
+    for _ in range(8):  # then nothing holds any more: its worth falls with it
+        drafts.record(1, 1, 0)
+    stopped = drafts.prospect(1)
+    assert stopped is not None and stopped.rate < 0.2
+    assert choose_width(CPU, [replace(stopped, limit=8)], rows=1) == 0  # paused or not
+
+
+def test_a_pause_counts_steps_while_the_batch_checks_nothing() -> None:
+    """A paused sequence is worth nothing to the width, so while every sequence pauses the batch
+    takes plain steps: the pause must count those steps (observe(), every step), or it would
+    never end and the batch would never check again (a fresh edit ran at `--speculative off`'s
+    speed so)."""
+    from cluster.speculative.draft_length import FIRST_PAUSE
+    from cluster.speculative.drafts import Drafts
+
+    drafts = Drafts()
+    drafts.expect(1, None)
+    drafts.join(1, [1, 2, 3])
+    drafts.record(1, 2, 0)  # rejected: paused
+    history = [1, 2, 3]
+    for step in range(FIRST_PAUSE):
+        history.append(100 + step)
+        drafts.observe(1, history)
+        paused = drafts.prospect(1)
+        assert paused is not None and paused.limit == 0, step
+    drafts.observe(1, [*history, 200])
+    back = drafts.prospect(1)
+    assert back is not None and back.limit == 8
+
+
+def test_checks_at_one_width_give_no_slope_of_their_own() -> None:
+    """Plain steps at 7 and 8 rows (noise: 8 came out cheaper) and checks at one position count:
+    one line through all of them, so a wider check is dearer (with an intercept of their own,
+    every width would cost the same)."""
+    costs = StepCosts()
+    for _ in range(5):
+        costs.record(7, 0.095)
+        costs.record(8, 0.092)
+        costs.record(28, 0.190, checked=True)
+    fit = costs.fit()
+    assert fit is not None and fit.check_s == 0.0
+    assert fit.per_position_s > 0.003
+    assert fit.seconds(64, True) > 1.5 * fit.seconds(28, True)
+
+
+def test_checks_widen_at_most_to_twice_what_was_measured() -> None:
+    """A line fitted on plain steps says nothing of a check 9 times as wide: at 8 rows with
+    only plain steps measured, a check reads at most 16 positions (one drafted token a row)."""
+    flat = StepCost(0.090, 0.0, 0.0, measured_positions=8)
+    holding = [Prospect(rate=0.9, limit=8, found=1.0)] * 8
+    assert choose_width(flat, holding, rows=8) == 1
+    assert choose_width(replace(flat, measured_positions=32), holding, rows=8) == 7
