@@ -5,7 +5,6 @@ ranks started directly with MLX_RANK / MLX_HOSTFILE, not through mlx.launch)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import urllib.error
@@ -58,6 +57,18 @@ class Server:
         return "\n".join(f"[{p.name}]\n{p.tail()}" for p in self.procs)
 
 
+def same_blas_env(ranks: int) -> dict[str, str]:
+    """What a rank of ours gives itself on this machine (cluster/blas.py), for mlx-lm's `ranks`
+    processes: the system OpenBLAS preloaded, the cores split between them; empty without one."""
+    from cluster import blas
+
+    library = blas.find_openblas()
+    if library is None:
+        return {}
+    env = blas.preload_env({}, {}, library, max(1, blas.cores() // ranks))
+    return {k: env[k] for k in ("LD_PRELOAD", blas.THREADS_ENV)}
+
+
 Waiter = Callable[[float], Server]  # a started server: wait up to this many seconds for it
 
 
@@ -100,12 +111,8 @@ def wait_ours(proc: Proc, model: Path, timeout: float) -> Server:
 def start_theirs(
     model: Path, logs: Path, procs: list[Proc], same_blas: bool = True
 ) -> tuple[list[Proc], int]:
-    """mlx-lm's ranks; with same_blas, the BLAS and thread count ours give themselves
-    (cluster/blas.py: the system OpenBLAS preloaded, the cores split between the ranks)."""
-    from cluster.blas import find_openblas
-
-    blas = find_openblas() if same_blas else None
-    threads = str(max(1, (os.cpu_count() or 1) // RANKS))
+    """mlx-lm's ranks; with same_blas, the BLAS and thread count ours give themselves."""
+    blas = same_blas_env(RANKS) if same_blas else {}
     hostfile = logs / "mlx-lm-ring.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(RANKS)]))
     port = free_port()
@@ -113,9 +120,7 @@ def start_theirs(
     argv += ["--port", str(port)]
     started = []
     for rank in range(RANKS):
-        env = {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
-        if blas:
-            env |= {"LD_PRELOAD": blas, "OPENBLAS_NUM_THREADS": threads}
+        env = {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile), **blas}
         proc = start_proc(f"mlx-lm-rank{rank}", argv, logs, env)
         procs.append(proc)
         started.append(proc)

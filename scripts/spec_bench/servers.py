@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serve_bench.procs import Proc, free_port, start_proc, stop_procs
-from serve_bench.servers import BIN, CLI, PY, BenchError
+from serve_bench.servers import BIN, CLI, PY, BenchError, same_blas_env
 
 from spec_bench import ring_wait
 
@@ -74,13 +74,9 @@ def start(spec: Spec, model: Path, logs: Path, timeout: float) -> Running:
 
 def _mlx_lm(spec: Spec, model: Path, logs: Path, timeout: float) -> Running:
     """mlx_lm.server in one process, with the OpenBLAS our ranks preload (the same BLAS)."""
-    from cluster.blas import find_openblas
-
     port = free_port()
     argv = [PY, "-m", "mlx_lm.server", "--model", str(model), "--host", "127.0.0.1"]
-    blas = find_openblas()
-    env = {"LD_PRELOAD": blas} if blas else {}
-    proc = start_proc("mlx-lm", [*argv, "--port", str(port)], logs, env)
+    proc = start_proc("mlx-lm", [*argv, "--port", str(port)], logs, same_blas_env(1))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not proc.running:
