@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,59 +143,100 @@ def test_the_width_travels_in_the_step_message(width: int | None) -> None:
     assert Step.decode(step.encode()) == step
 
 
-def test_drafts_that_never_hold_soon_stop_costing(
-    tiny: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The batch engine on a real model, driven as the serve loop drives it, where every
-    sequence always has a draft and the draft is always wrong: the drafts are checked at first,
-    then the sequences pause (doubling) and the batch takes plain steps, with only rare checks
-    after; the widths come from rank 0's measured costs. The tokens are plain steps' throughout."""
-    from mlx_lm import load
+def _serve_like(
+    model: Any, tokenizer: Any, prompts: list[list[int]], speculative: bool
+) -> tuple[list[list[int]], list[bool], list[int], int | None]:
+    """The batch engine on a real model, driven as the serve loop drives it (rank 0's width at
+    each decision, leases of 4 steps): each prompt's tokens, whether each decode step checked
+    drafts, the tokens each decode step gave, and the last width sent."""
     from mlx_lm.generate import generation_stream
 
     from cluster.serve.control import Admit
     from cluster.serve.engine import Engine
+
+    engine = Engine(model, tokenizer, generation_stream, 8, 0, speculative)
+    adds = [Admit(ids=p, max_tokens=160) for p in prompts]
+    uids = engine.apply(Step(steps=4, add=adds))
+    out: dict[int | str, list[int]] = {u: [] for u in uids}
+    checked: list[bool] = []
+    given: list[int] = []
+    while not engine.idle:
+        width = engine.check_width()  # what rank 0's scheduler sends at each decision
+        if width is not None and width != engine.width:
+            engine.apply(Step(steps=4, draft_width=width))
+        for _ in range(4):  # a lease
+            started = time.monotonic()
+            prompt_responses, responses = engine.next()
+            if responses and not prompt_responses:
+                engine.measured(time.monotonic() - started)
+                batch = engine._batch
+                checked.append(bool(batch is not None and batch.checked))
+                given.append(len(responses))
+            for r in responses:
+                out[r.uid].append(r.token)
+            if engine.idle:
+                break
+    return [out[u] for u in uids], checked, given, engine.width
+
+
+def test_drafts_that_never_hold_soon_stop_costing(
+    tiny: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every sequence always has a draft and the draft is always wrong: the drafts are checked
+    at first, then the sequences pause (doubling) and the batch takes plain steps, with only
+    rare checks after; the widths come from rank 0's measured costs. The tokens are plain
+    steps' throughout."""
+    from mlx_lm import load
+
     from cluster.speculative.lookup import PromptLookup
 
     model, tokenizer = load(str(tiny("llama")))
     prompts = [[5, 17, 42, 8, 99, 3], [11, 12, 13], [40, 41, 7, 9, 30], [70, 2, 8]]
-
-    def decode(speculative: bool) -> tuple[list[list[int]], list[bool], int | None]:
-        engine = Engine(model, tokenizer, generation_stream, 8, 0, speculative)
-        adds = [Admit(ids=p, max_tokens=160) for p in prompts]
-        uids = engine.apply(Step(steps=4, add=adds))
-        out: dict[int | str, list[int]] = {u: [] for u in uids}
-        checked: list[bool] = []
-        while not engine.idle:
-            width = engine.check_width()  # what rank 0's scheduler sends at each decision
-            if width is not None and width != engine.width:
-                engine.apply(Step(steps=4, draft_width=width))
-            for _ in range(4):  # a lease
-                started = time.monotonic()
-                prompt_responses, responses = engine.next()
-                if responses and not prompt_responses:
-                    engine.measured(time.monotonic() - started)
-                    batch = engine._batch
-                    checked.append(bool(batch is not None and batch.checked))
-                for r in responses:
-                    out[r.uid].append(r.token)
-                if engine.idle:
-                    break
-        return [out[u] for u in uids], checked, engine.width
-
-    plain, _, _ = decode(False)
+    plain, _, _, _ = _serve_like(model, tokenizer, prompts, False)
     monkeypatch.setattr(PromptLookup, "may_match", lambda self, history: True)
     monkeypatch.setattr(
         PromptLookup,
         "propose",
         lambda self, history, pending, limit: [(pending + 1) % 1000] * limit,
     )
-    drafted, checked, width = decode(True)
+    drafted, checked, _, width = _serve_like(model, tokenizer, prompts, True)
     assert drafted == plain
     assert width is not None, "the costs were measured: rank 0 chose the widths"
     early, late = checked[: len(checked) // 4], checked[len(checked) // 4 :]
     assert any(early), "the drafts were checked at first"
     assert sum(late) <= 6, f"{sum(late)} checking forwards of {len(late)} steps"
+
+
+def test_a_sequence_whose_drafts_start_to_hold_after_a_pause_is_checked_again(
+    tiny: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An edit's preamble copies nothing, then the code does: the first drafts are wrong (the
+    sequence pauses), the later ones are the answer itself. With the width from the measured
+    costs alone, the pause ends though the batch checks nothing meanwhile, the sequence is asked
+    again, and most of its later tokens come from drafts; the text is plain steps'. (With the
+    pause counted only when the batch asked, the last 80 steps here gave one token each.)"""
+    from mlx_lm import load
+
+    from cluster.speculative.lookup import PromptLookup
+
+    model, tokenizer = load(str(tiny("llama")))
+    prompt = [5, 17, 42, 8, 99, 3]
+    ((answer,), _, _, _) = _serve_like(model, tokenizer, [prompt], False)
+    asked = [0]
+
+    def propose(self: Any, history: list[int], pending: int, limit: int) -> list[int]:
+        asked[0] += 1
+        at = len(history) - len(prompt)  # answer tokens fed before `pending`
+        true = answer[at + 1 : at + 1 + limit]
+        return [(t + 1) % 300 for t in true] if asked[0] <= 4 else true
+
+    monkeypatch.setattr(PromptLookup, "may_match", lambda self, history: True)
+    monkeypatch.setattr(PromptLookup, "propose", propose)
+    (drafted,), _, given, width = _serve_like(model, tokenizer, [prompt], True)
+    assert drafted == answer
+    assert width is not None, "the costs were measured: rank 0 chose the widths"
+    late = given[len(given) // 2 :]
+    assert sum(late) >= 2 * len(late), f"{sum(late)} tokens in the last {len(late)} steps"
 
 
 def test_a_new_sequence_starts_from_what_finished_ones_were_worth() -> None:
