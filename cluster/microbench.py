@@ -28,7 +28,7 @@ from cluster import blas, heap
 from cluster.bench import rates_cache
 from cluster.job import RankJob
 from topology.errors import InputError
-from topology.host_rates import DEFAULT_KINDS, KINDS, parse_rates
+from topology.host_rates import DEFAULT_KINDS, FLOATS, KINDS, parse_rates
 
 KEY_ENV = "MLX_CLUSTER_RATES_KEY"  # the cache key, carried over the BLAS re-execution
 DEFAULT_SECONDS = 1.5
@@ -127,12 +127,23 @@ def _given_key(text: str) -> dict[str, str]:
     "--shapes",
     default="",
     callback=parse_shapes,
-    help="A model's matrices (KxN or KxN*times a token, ...): float32's 1- and 8-row rates "
-    "timed on them instead.",
+    help="A model's matrices (KxN or KxN*times a token, ...): the --shape-kind's 1- and 8-row "
+    "rates timed on them instead.",
+)
+@click.option(
+    "--shape-kind",
+    default="float32",
+    show_default=True,
+    type=click.Choice(FLOATS),
+    help="The float kind --shapes are timed in (the model's weights).",
 )
 @click.option("--fresh", is_flag=True, help="Measure even when this host's rates are kept.")
 def main(
-    kinds: tuple[str, ...], seconds: float, shapes: tuple[tuple[int, int, int], ...], fresh: bool
+    kinds: tuple[str, ...],
+    seconds: float,
+    shapes: tuple[tuple[int, int, int], ...],
+    shape_kind: str,
+    fresh: bool,
 ) -> None:
     """Measure this host's copy bandwidth and matmul throughput; print them as JSON."""
     # The key comes from the caller's environment, before the BLAS re-execution changes it
@@ -140,7 +151,7 @@ def main(
     given = os.environ.get(KEY_ENV)
     key = _given_key(given) if given else rates_cache.rates_key()
     kept = kinds == DEFAULT_KINDS and seconds == DEFAULT_SECONDS
-    model_key = rates_cache.shaped_key(key, shapes)
+    model_key = rates_cache.shaped_key(key, shapes, shape_kind)
     if kept and not fresh and (hit := rates_cache.cached(model_key)) is not None:
         click.echo(json.dumps(hit))
         return
@@ -159,7 +170,7 @@ def main(
             rates_cache.keep(key, generic)
     out = generic
     if shapes:
-        rates = shaped(parse_rates(json.dumps(generic)), shapes, seconds)
+        rates = shaped(parse_rates(json.dumps(generic)), shapes, seconds, shape_kind)
         out = {**rates.to_json(), "blas": blas.in_use(), "shapes": model_key["shapes"]}
         if kept:
             rates_cache.keep(model_key, out)

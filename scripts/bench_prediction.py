@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,8 +98,11 @@ def main() -> int:
     ]
     worst = {"decode": 0.0, "ttft": 0.0}
     with tempfile.TemporaryDirectory(prefix="bench-prediction-") as tmp:
-        # The calibration is this run's own: never the user's saved one.
-        os.environ["MLX_CLUSTER_CACHE"] = str(Path(tmp) / "cache")
+        # The calibration and the rates are this run's own (never the user's saved ones), kept
+        # in --out beside the benches that used them.
+        cache = args.out / "cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        os.environ["MLX_CLUSTER_CACHE"] = str(cache)
         for i, name in enumerate(names):
             model = make_model(name, Path(tmp))
             if model is None:

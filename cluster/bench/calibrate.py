@@ -1,10 +1,13 @@
-"""Rank side of `mlx-cluster bench --calibrate` (job.mode "calibrate"): no model is loaded.
+"""Rank side of `mlx-cluster bench --calibrate` (job.mode "calibrate"): no model of the user's
+is loaded.
 
 Times all_sum on the group at a small, decode-sized message (one token's hidden state) and at a
 large one, in the activations' dtype and on the default stream, as mlx-lm's sharded layers
-call it; then the ranks listed in `bandwidth_ranks` (one per machine: ranks sharing a machine
-would share its bandwidth) time a reduction over a large array, i.e. reading it once from
-memory. Rank 0 reports one "result" event; the launcher turns it into a Calibration.
+call it, and what a tensor and a pipeline step cost beyond their compute (step_cost.py: a mini
+model made in memory); then the ranks listed in `bandwidth_ranks` (one per machine: ranks
+sharing a machine would share its bandwidth) time a reduction over a large array, i.e. reading
+it once from memory. Rank 0 reports one "result" event; the launcher turns it into a
+Calibration.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from cluster.bench.step_cost import MINI_LAYERS, step_costs
 from cluster.job import RankJob
 from topology.errors import InputError
 
@@ -75,6 +79,9 @@ def calibrate(job: RankJob, group: Any, emit: Callable[..., None]) -> None:
         links["small_s"] = all_reduce_s(group, small, _int(job, "small_repeats", 50), dtype)
         emit("progress", stage="calibrate", step="all_reduce", bytes=large)
         links["large_s"] = all_reduce_s(group, large, _int(job, "large_repeats", 5), dtype)
+        emit("progress", stage="calibrate", step="step_costs")
+        links |= step_costs(group, dtype)
+        links["step_layers"] = MINI_LAYERS
     emit("progress", stage="calibrate", step="memory_bandwidth")
     gbs = 0.0
     if job.rank in measure:

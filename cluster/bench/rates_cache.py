@@ -61,9 +61,15 @@ def shapes_text(shapes: Sequence[tuple[int, int, int]]) -> str:
     return ",".join(f"{k}x{n}" + (f"*{c}" if c != 1 else "") for k, n, c in shapes)
 
 
-def shaped_key(key: dict[str, str], shapes: Sequence[tuple[int, int, int]]) -> dict[str, str]:
-    """The key of rates timed again on a model's matrices: kept apart from the machine's."""
-    return {**key, "shapes": shapes_text(shapes)} if shapes else key
+def shaped_key(
+    key: dict[str, str], shapes: Sequence[tuple[int, int, int]], kind: str = "float32"
+) -> dict[str, str]:
+    """The key of rates timed again on a model's matrices in `kind`: kept apart from the
+    machine's (float32's keep the key they had before other kinds were timed so)."""
+    if not shapes:
+        return key
+    kept = {**key, "shapes": shapes_text(shapes)}
+    return kept if kind == "float32" else {**kept, "shape_kind": kind}
 
 
 def rates_path(key: dict[str, str]) -> Path:

@@ -18,8 +18,9 @@ from launcher.ranks.target import LaunchTarget, rank_launches
 from launcher.share.offer import ModelShare
 from topology.cluster_file import ClusterSpec
 from topology.facts import HostFacts
+from topology.host_rates import HostRates
 from topology.model.spec import ModelSpec
-from topology.planning.calibration import Calibration, LinkMeasurement
+from topology.planning.calibration import Calibration, LinkMeasurement, StepTimes
 from topology.planning.hostfile import hostfile_json
 from topology.planning.plan import Plan, plan_cluster, plan_local
 from topology.problems import check
@@ -91,12 +92,19 @@ def refusal(plan: Plan) -> str:
 
 
 def local_planner(
-    host: HostFacts, n: int, spec: ModelSpec, context: int, prompt_tokens: int
+    host: HostFacts,
+    n: int,
+    spec: ModelSpec,
+    context: int,
+    prompt_tokens: int,
+    share_rates: Callable[[int, str], HostRates | None] = lambda k, strategy: None,
 ) -> BenchPlanner:
+    """Plans for k of n ranks here; share_rates(k, strategy): a tensor share's measured rates."""
+
     def plan(k: int, strategy: str, calibration: Calibration | None) -> tuple[Plan, dict[str, Any]]:
         p = plan_local(
             host, k, spec, strategy=strategy, context=context, calibration=calibration,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=prompt_tokens, share_rates=share_rates(k, strategy),
         )  # fmt: skip
         return p, hostfile_json(p) if p.ok else {}
 
@@ -177,6 +185,16 @@ class CalibrationRun:
     calibration: Calibration | None  # None when the run failed
 
 
+def _step_times(result: dict[str, Any]) -> StepTimes | None:
+    """The mini model's per-token times a calibrating rank 0 reported (step_cost.py)."""
+    if "step_layers" not in result:
+        return None
+    return StepTimes(
+        int(result["step_layers"]), float(result["alone_s"]), float(result["tensor_s"]),
+        float(result["pipeline_s"]),
+    )  # fmt: skip
+
+
 def cost_name(target: LaunchTarget) -> str:
     """The planner's name for the link the ranks use (topology.chips.BACKENDS)."""
     return "ring-local" if target.plan.local else target.backend
@@ -204,7 +222,7 @@ def run_calibration(
         links = (
             LinkMeasurement(
                 cost_name(target), len(hosts), int(r["small_bytes"]), float(r["small_s"]),
-                int(r["large_bytes"]), float(r["large_s"]),
+                int(r["large_bytes"]), float(r["large_s"]), _step_times(r),
             ),
         )  # fmt: skip
     measured = r["memory_bandwidth_gbs"]

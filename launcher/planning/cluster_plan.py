@@ -16,10 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from launcher.planning.calibration_store import load_calibration
-from launcher.planning.local_rates import layer_shapes, local_rates
+from launcher.planning.local_rates import (
+    layer_shapes,
+    local_rates,
+    shape_kind,
+    tensor_share_rates,
+)
 from launcher.planning.model_source import load_model_spec
 from topology.cluster_file import ClusterSpec
 from topology.facts import CheckResult, HostFacts, Software
+from topology.host_rates import HostRates
 from topology.model.spec import ModelSpec
 from topology.planning.hostfile import hostfile_json
 from topology.planning.plan import LOCAL_IP, Plan, plan_cluster, plan_local
@@ -67,7 +73,13 @@ def this_machine() -> HostFacts:
 def measured_machine(spec: ModelSpec | None = None) -> HostFacts:
     """this_machine() with its measured rates (cached after the first time: local_rates.py),
     float32's decode rates timed on the matrices of `spec` when given."""
-    return replace(this_machine(), rates=local_rates(layer_shapes(spec) if spec else ()))
+    rates = local_rates(layer_shapes(spec), shape_kind(spec)) if spec else local_rates()
+    return replace(this_machine(), rates=rates)
+
+
+def local_share_rates(spec: ModelSpec, n: int, strategy: str) -> HostRates | None:
+    """The rates a tensor rank of `n` here multiplies its share at, when tensor may be planned."""
+    return None if strategy == "pipeline" else tensor_share_rates(spec, n)
 
 
 def empty_hostfile(plan: Plan) -> dict[str, Any]:
@@ -179,7 +191,7 @@ def plan_for_local(
     plan = plan_local(
         measured_machine(model_spec), n, model_spec, strategy=strategy, context=context,
         calibration=load_calibration(),  # bench --calibrate's numbers, when saved
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=prompt_tokens, share_rates=local_share_rates(model_spec, n, strategy),
     )  # fmt: skip
     if not plan.ok:
         return plan, empty_hostfile(plan)
@@ -205,7 +217,7 @@ def checked_plan_for_local(
     host = replace(measured_machine(model_spec), software=this_software())
     plan = plan_local(
         host, n, model_spec, strategy=strategy, context=context,
-        calibration=load_calibration(),
+        calibration=load_calibration(), share_rates=local_share_rates(model_spec, n, strategy),
     )  # fmt: skip
     result = check([host], "ring")
     if not plan.ok:

@@ -16,11 +16,12 @@ from collections.abc import Sequence
 import click
 
 from cluster.bench import rates_cache
-from cluster.microbench import KEY_ENV, MAX_DIM, MAX_ELEMENTS
+from cluster.microbench import KEY_ENV, MAX_DIM
 from topology.errors import one_line
 from topology.host_rates import HostRates, parse_rates
 from topology.model.spec import ModelSpec
 
+SHAPED_MAX_BYTES = 1 << 30
 MEASURE_TIMEOUT_S = 60.0  # the benchmark takes a few seconds; a Mac's first Metal start more
 rates_key, rates_path = rates_cache.rates_key, rates_cache.rates_path  # the cache's, re-exported
 
@@ -37,11 +38,15 @@ def _warn(line: str) -> None:
     click.echo(f"mlx-cluster: warning: {line}", err=True)
 
 
-def measure(key: dict[str, str], shapes: Sequence[tuple[int, int, int]] = ()) -> str | None:
+def measure(
+    key: dict[str, str], shapes: Sequence[tuple[int, int, int]] = (), kind: str = "float32"
+) -> str | None:
     """rates.json's text from this interpreter's microbenchmark, which keeps it under `key`
-    (with the model's `shapes`, under the key and them); None (said on stderr) when it fails."""
+    (with the model's `shapes` in `kind`, under the key and them); None (said on stderr) when
+    it fails."""
     argv = [sys.executable, "-m", "cluster.microbench"]
-    argv += ["--shapes", rates_cache.shapes_text(shapes)] if shapes else []
+    if shapes:
+        argv += ["--shapes", rates_cache.shapes_text(shapes), "--shape-kind", kind]
     env = {**os.environ, KEY_ENV: json.dumps(key)}
     try:
         done = subprocess.run(
@@ -62,32 +67,61 @@ def measure(key: dict[str, str], shapes: Sequence[tuple[int, int, int]] = ()) ->
     return done.stdout.decode("utf-8", "replace")
 
 
-def layer_shapes(spec: ModelSpec) -> tuple[tuple[int, int, int], ...]:
-    """A float32 model's matrices (K, N, times a token): one layer's q, k, v, o, gate, up and
-    down, once a layer, and the LM head once, whose decode rates `--local` measures (they
-    depend on the shape); none for other models (MLX's own kernels: the same rate at every
-    shape measured) nor for latent or linear attention."""
-    if spec.dtype_bytes != 4 or spec.bits < 16 or spec.is_mla or spec.is_hybrid:
+def layer_shapes(spec: ModelSpec, ranks: int = 1) -> tuple[tuple[int, int, int], ...]:
+    """A float model's matrices (K, N, times a token): one layer's q, k, v, o, gate, up and
+    down, once a layer, and the LM head once, whose decode rates `--local` measures in its
+    `shape_kind` (they depend on the shape: OpenBLAS's float32, MLX's own bfloat16); none for
+    a quantized model (MLX's kernel: the same rate at every shape measured) nor for latent or
+    linear attention. With `ranks` > 1: the largest share a
+    tensor rank of that many multiplies by (its heads, KV heads and MLP columns, even shares
+    rounded up; the head whole), which OpenBLAS runs at rates of its own (one thread here:
+    a 1024x2048 layer 2.7 GFLOP/s, its third 6.9)."""
+    if spec.bits < 16 or spec.is_mla or spec.is_hybrid:
         return ()
-    h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     dense = len(spec.sparse_layers) < spec.layers
     width = spec.intermediate if dense else spec.moe_intermediate or spec.intermediate
+    heads, kv_heads = -(-spec.heads // ranks), -(-spec.kv_heads // ranks)
+    h, q, kv = spec.hidden, heads * spec.head_dim, kv_heads * spec.head_dim
+    width = -(-width // ranks)
     layer = ((h, q), (h, kv), (h, kv), (q, h), (h, width), (h, width), (width, h))
     shapes = (*((k, n, spec.layers) for k, n in layer), (h, spec.vocab, 1))
     ok = all(0 < x <= MAX_DIM for shape in shapes for x in shape)
-    ok = ok and all(k * n <= MAX_ELEMENTS for k, n, _ in shapes)
+    # the microbenchmark holds at least one of each: a model too large for that keeps the
+    # machine's rates (a CPU decodes such a model too slowly for the shape to matter)
+    ok = ok and sum(k * n for k, n, _ in shapes) * spec.dtype_bytes <= SHAPED_MAX_BYTES
     return shapes if ok else ()
 
 
-def local_rates(shapes: Sequence[tuple[int, int, int]] = ()) -> HostRates | None:
-    """This machine's rates (float32's decode points timed on a model's `shapes` when given):
-    cached when measured before with the same key, else measured now (a few seconds) and
-    cached; None when the measurement failed."""
+def shape_kind(spec: ModelSpec) -> str:
+    """The float kind a model's matrices multiply in (options.rank_rates' kind for it)."""
+    return "float32" if spec.dtype_bytes == 4 else "bfloat16"
+
+
+def tensor_share_rates(spec: ModelSpec, ranks: int) -> HostRates | None:
+    """This machine's rates with the model's decode points timed on a tensor share's matrices
+    over `ranks` ranks; None where there is nothing of the kind to time (one rank, a quantized
+    model)."""
+    shapes = layer_shapes(spec, ranks) if ranks > 1 else ()
+    return local_rates(shapes, shape_kind(spec)) if shapes else None
+
+
+def local_rates(
+    shapes: Sequence[tuple[int, int, int]] = (), kind: str = "float32"
+) -> HostRates | None:
+    """This machine's rates (`kind`'s decode points timed on a model's `shapes` when given, on
+    a CPU): cached when measured before with the same key, else measured now (a few seconds)
+    and cached; None when the measurement failed."""
     key = rates_key()
-    cached = _cached(rates_cache.shaped_key(key, shapes))
+    cached = _cached(rates_cache.shaped_key(key, shapes, kind))
     if cached is not None:
         return cached
-    text = measure(key, shapes)  # the microbenchmark keeps what it measured (its BLAS line)
+    if shapes:
+        # A GPU streams a decoding weight at its bandwidth whatever the shape (there the
+        # memory term binds): shapes are timed only for a CPU's kernels.
+        machine = local_rates()
+        if machine is None or machine.device != "cpu":
+            return machine
+    text = measure(key, shapes, kind)  # the microbenchmark keeps what it measured (its BLAS line)
     if text is None:
         return None
     try:

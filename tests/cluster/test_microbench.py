@@ -68,6 +68,21 @@ def test_a_models_shapes_replace_float32s_decode_points_only(tmp_path: Any) -> N
     assert _json(_bench("--shapes", "256x768*4,768x256*4,256x4096", env=env)) == shaped  # kept
 
 
+def test_a_bfloat16_models_shapes_replace_bfloat16s_decode_points_only(tmp_path: Any) -> None:
+    env = {"MLX_CLUSTER_CACHE": str(tmp_path)}
+    generic = _json(_bench(env=env))
+    args = ("--shapes", "256x768*4,768x256*4", "--shape-kind", "bfloat16")
+    shaped = _json(_bench(*args, env=env))
+    for kind, by_rows in generic["matmul_gflops"].items():
+        if kind != "bfloat16":
+            assert shaped["matmul_gflops"][kind] == by_rows
+    assert shaped["matmul_gflops"]["bfloat16"]["1"] != generic["matmul_gflops"]["bfloat16"]["1"]
+    assert shaped["one_thread_gflops"] == generic["one_thread_gflops"]  # not a BLAS kind
+    float32 = _json(_bench("--shapes", "256x768*4,768x256*4", env=env))
+    assert float32 != shaped and len(list(tmp_path.glob("rates-*.json"))) == 3  # kept apart
+    assert _bench("--shapes", "8x8", "--shape-kind", "q4").returncode == 2
+
+
 @pytest.mark.parametrize(
     "shapes", ["256", "0x5", "ax3", "8x8*0", "65536x65536", ",".join(["8x8"] * 17)]
 )

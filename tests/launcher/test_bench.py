@@ -19,7 +19,7 @@ from launch_helpers import MARKER_VAR, rank_pids
 from cluster.tiny_model import write_tiny_model
 from launcher.bench.report import Row, measure, percentile, with_speedups
 from launcher.planning.calibration_store import load_calibration
-from launcher.planning.cluster_plan import measured_machine
+from launcher.planning.cluster_plan import local_share_rates, measured_machine
 from launcher.planning.model_source import load_model_spec
 from topology.planning.plan import plan_local
 
@@ -139,6 +139,10 @@ def test_calibrate_saves_numbers_the_planner_then_uses(
     (link,) = calibration.links
     assert (link.cost_name, link.ranks, link.small_bytes) == ("ring-local", 2, 64 * 4)
     assert 0 < link.small_s < link.large_s
+    # the mini model decoded whole, in tensor shares and in pipeline stages over both ranks:
+    # shares all-reduce twice a layer, which a whole model never does
+    assert link.steps is not None and link.steps.layers == 8
+    assert 0 < link.steps.alone_s < link.steps.tensor_s and link.steps.pipeline_s > 0
     assert (calibration.bandwidth("localhost") or 0) > 0
     row = json.loads(out.read_text())["results"][0]
     assert row["predicted_calibrated_tok_s"] is not None
@@ -160,7 +164,8 @@ def test_calibrate_saves_numbers_the_planner_then_uses(
         assert shown.returncode == 0, shown.stderr
         monkeypatch.setenv("MLX_CLUSTER_CACHE", str(folder))
         want = plan_local(measured_machine(spec), 2, spec, strategy="tensor",
-                          calibration=calibration_used)  # fmt: skip
+                          calibration=calibration_used,
+                          share_rates=local_share_rates(spec, 2, "tensor"))  # fmt: skip
         assert want.ok and measured_machine(spec).rates is not None
         predictions[folder] = json.loads(shown.stdout)["predicted_decode_tok_s"]
         assert predictions[folder] == want.predicted_decode_tok_s

@@ -35,7 +35,7 @@ def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def _measured_never(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail(key: dict[str, str], shapes: object = ()) -> str | None:
+    def fail(key: dict[str, str], shapes: object = (), kind: object = "") -> str | None:
         raise AssertionError("measured again")
 
     monkeypatch.setattr(lr, "measure", fail)
@@ -44,7 +44,7 @@ def _measured_never(monkeypatch: pytest.MonkeyPatch) -> None:
 def _measured_canned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
 
-    def canned(key: dict[str, str], shapes: object = ()) -> str | None:
+    def canned(key: dict[str, str], shapes: object = (), kind: object = "") -> str | None:
         calls.append(1)
         rates_cache.keep(key, json.loads(CANNED))  # as the microbenchmark keeps what it measured
         return CANNED
@@ -67,13 +67,14 @@ def test_a_float32_models_own_shapes_are_timed_and_kept_apart(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SmolLM2's float32 matrices: float32's 1- and 8-row rates are timed on them (kept in a
-    file of their own, beside the machine's), every other figure is the machine's; a model
-    MLX multiplies itself (bfloat16, quantized) is planned with the machine's rates."""
+    file of their own, beside the machine's), every other figure is the machine's; a quantized
+    model is planned with the machine's rates."""
     spec = spec_from_config(SMOLLM2)
     shapes = lr.layer_shapes(spec)
     layer = ((576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576))
     assert shapes == (*((k, n, 30) for k, n in layer), (576, 49152, 1))  # 30 layers, the head
-    assert lr.layer_shapes(spec_from_config({**SMOLLM2, "torch_dtype": "bfloat16"})) == ()
+    quantized = {**SMOLLM2, "quantization": {"bits": 4, "group_size": 64}}
+    assert lr.layer_shapes(spec_from_config(quantized)) == ()
     generic = lr.local_rates()
     model = lr.local_rates(shapes)
     assert generic is not None and model is not None
@@ -138,3 +139,33 @@ def test_plan_local_twice_measures_once(tmp_path: Path) -> None:
     plan()
     assert list((tmp_path / "cache").glob("rates-*")) == [kept]
     assert (kept.stat().st_mtime_ns, kept.read_text()) == before
+
+
+def test_a_tensor_share_and_a_bfloat16_model_are_timed_on_their_own_matrices(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over 3 ranks each SmolLM2 rank multiplies by 3 of 9 heads, 1 of 3 KV heads and 512 of
+    1,536 MLP columns (the head stays whole): those are timed, and kept apart from the whole
+    model's. A bfloat16 model's are timed in bfloat16 (MLX's own kernel is slower on small
+    matrices too); one rank or a quantized model has no share to time."""
+    spec = spec_from_config(SMOLLM2)
+    layer = ((576, 192), (576, 64), (576, 64), (192, 576), (576, 512), (576, 512), (512, 576))
+    assert lr.layer_shapes(spec, 3) == (*((k, n, 30) for k, n in layer), (576, 49152, 1))
+    assert lr.layer_shapes(spec, 2)[:2] == ((576, 320, 30), (576, 128, 30))  # rounded up
+    huge = spec_from_config({**SMOLLM2, "hidden_size": 8192, "intermediate_size": 28672,
+                             "num_attention_heads": 64, "num_key_value_heads": 8})  # fmt: skip
+    assert lr.layer_shapes(huge) == ()  # beyond what the microbenchmark should hold
+    bf16 = spec_from_config({**SMOLLM2, "torch_dtype": "bfloat16"})
+    assert (lr.shape_kind(spec), lr.shape_kind(bf16)) == ("float32", "bfloat16")
+    assert lr.tensor_share_rates(spec, 1) is None
+    generic = lr.local_rates()
+    shares = lr.tensor_share_rates(spec, 3)
+    brain = lr.local_rates(lr.layer_shapes(bf16), "bfloat16")
+    assert generic is not None and shares is not None and brain is not None
+    assert len(list(cache.glob("rates-*.json"))) == 3
+    assert shares.matmul_gflops["float32"][1] != generic.matmul_gflops["float32"][1]
+    assert brain.matmul_gflops["bfloat16"][1] != generic.matmul_gflops["bfloat16"][1]
+    assert brain.matmul_gflops["float32"] == generic.matmul_gflops["float32"]
+    _measured_never(monkeypatch)
+    assert lr.tensor_share_rates(spec, 3) == shares
+    assert measured_machine(bf16).rates == brain

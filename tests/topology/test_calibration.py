@@ -7,11 +7,17 @@ from dataclasses import replace
 
 import pytest
 
-from topology.chips import BACKENDS, GIB, BackendCost
+from topology.chips import BACKENDS, GIB, BackendCost, step_overhead_s
 from topology.facts import HostFacts
 from topology.model.spec import spec_from_config
-from topology.planning.calibration import Calibration, LinkMeasurement, calibration_notes
+from topology.planning.calibration import (
+    Calibration,
+    LinkMeasurement,
+    StepTimes,
+    calibration_notes,
+)
 from topology.planning.plan import plan_local
+from topology.planning.predict import tensor_comms_s
 
 SMALL, LARGE = 16384, 32 << 20
 # Shapes of a small llama (the planner needs only config.json's fields).
@@ -98,3 +104,61 @@ def test_notes_name_the_measured_numbers() -> None:
     assert notes[0].startswith("memory bandwidth of a: 99.0 GB/s")
     assert "ring all-reduce cost fitted" in notes[1]
     assert calibration_notes(None, ["a"], "ring") == []
+
+
+STEPS = StepTimes(layers=8, alone_s=3e-3, tensor_s=13e-3, pipeline_s=4e-3)
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "hops"), [("ring-local", 2, 2), ("ring", 3, 4), ("jaccl", 3, 2)]
+)
+def test_steps_timed_on_the_mini_model_replace_the_fitted_step_overhead(
+    name: str, n: int, hops: int
+) -> None:
+    """A tensor step's time beyond the whole mini model is its 2 all-reduces a layer: the hop
+    is their share of it over the algorithm's hops; a pipeline step's is what it costs beyond
+    its stages; and the constant fitted to published Mac runs is no longer added."""
+    link = LinkMeasurement(name, n, SMALL, 1e-4, LARGE, 5e-2, STEPS)
+    fitted = link.fit(BACKENDS[name])
+    assert fitted.in_steps
+    assert fitted.hop_s == pytest.approx(10e-3 / 16 / hops)
+    assert fitted.pipeline_step_s == pytest.approx(1e-3)
+    without = LinkMeasurement(name, n, SMALL, 1e-4, LARGE, 5e-2).fit(BACKENDS[name])
+    assert (without.in_steps, without.pipeline_step_s) == (False, None)
+    # slower in shares than whole can come out as nothing, never as less
+    quick = replace(STEPS, tensor_s=2e-3, pipeline_s=2e-3)
+    assert replace(link, steps=quick).fit(BACKENDS[name]).hop_s == 0.0
+    assert replace(link, steps=quick).fit(BACKENDS[name]).pipeline_step_s == 0.0
+
+
+def test_measured_steps_set_what_a_step_adds_to_its_compute() -> None:
+    spec = spec_from_config(LLAMA)
+    link = LinkMeasurement("ring-local", 2, SMALL, 1e-4, LARGE, 5e-2, STEPS)
+    cost = link.fit(BACKENDS["ring-local"])
+    message = spec.hidden * 2  # a token's hidden state, as the KV cache's dtype holds it
+    assert tensor_comms_s(spec, 2, cost) == pytest.approx(
+        2 * spec.layers * cost.all_reduce_s(2, message)
+    )  # no step overhead beside the measured hops
+    assert tensor_comms_s(spec, 2, BACKENDS["ring-local"]) == pytest.approx(
+        2 * spec.layers * BACKENDS["ring-local"].all_reduce_s(2, message) + step_overhead_s(2)
+    )
+    calibration = Calibration((link,))
+    pipeline = plan_local(STUDIO, 2, spec, strategy="pipeline", calibration=calibration)
+    fitted_only = plan_local(
+        STUDIO, 2, spec, strategy="pipeline", calibration=Calibration((replace(link, steps=None),))
+    )
+    gap = 1 / (fitted_only.predicted_decode_tok_s or 1) - 1 / (pipeline.predicted_decode_tok_s or 1)
+    # the hand-off and gather hops plus the Mac-fitted overhead give way to the measured 1 ms
+    assert gap == pytest.approx(step_overhead_s(2) - 1e-3, abs=2e-4)
+    assert any("pipeline step beyond its compute" in a for a in pipeline.assumptions)
+
+
+def test_step_times_round_trip_and_bad_ones_are_refused() -> None:
+    link = LinkMeasurement("ring", 2, SMALL, 1e-4, LARGE, 5e-2, STEPS)
+    again = Calibration.from_json(Calibration((link,)).to_json())
+    assert again.links == (link,)
+    raw = Calibration((link,)).to_json()
+    for bad in ({"layers": 0}, {"tensor_s": -1.0}, {"pipeline_s": "1"}):
+        broken = {**raw, "links": [{**raw["links"][0], "steps": {**STEPS.to_json(), **bad}}]}
+        with pytest.raises((KeyError, TypeError, ValueError)):
+            Calibration.from_json(broken)

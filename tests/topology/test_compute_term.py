@@ -258,3 +258,21 @@ def test_tensor_shares_follow_measured_compute_where_it_binds() -> None:
     mac = Slot("m", "m", None, None, 819.0, rates=HostRates(700.0, {"float32": {1: 1e5}}))
     bare = dataclasses.replace(mac, rates=None)
     assert share_weights(spec, [mac, bare]) == [819.0, 819.0]
+
+
+def test_tensor_ranks_multiply_their_shares_at_the_rates_measured_on_them() -> None:
+    """--local N: rates timed on a tensor rank's own, narrower matrices (OpenBLAS runs a third
+    of a 1024x2048 layer at 2.5x the whole's rate on one thread here) are the tensor ranks';
+    pipeline stages multiply by whole layers at the host's."""
+    spec = small_spec(torch_dtype="float32")
+    host = linux()
+    assert host.rates is not None
+    table = {**host.rates.matmul_gflops, "float32": {1: 12.0, 8: 60.0, 512: 40.0}}
+    shares = dataclasses.replace(host.rates, matmul_gflops=table)
+    for strategy, faster in (("tensor", True), ("pipeline", False)):
+        plain = plan_local(host, 2, spec, strategy=strategy)
+        shared = plan_local(host, 2, spec, strategy=strategy, share_rates=shares)
+        assert plain.ok and shared.ok
+        assert plain.predicted_decode_tok_s and shared.predicted_decode_tok_s
+        ratio = shared.predicted_decode_tok_s / plain.predicted_decode_tok_s
+        assert ratio > 1.5 if faster else ratio == 1.0

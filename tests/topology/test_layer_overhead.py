@@ -19,7 +19,7 @@ from topology.planning.tensor_costs import rank_costs, tensor_layout
 # The 2-core box of test_compute_term with its layer figures: 300 us of small ops a layer and
 # 15 ns an exp-type element for float32 activations (what the microbenchmark recorded here).
 LAYER_RATES = {**LINUX_RATES, "layer_us": {"float32": 300.0, "bfloat16": 400.0},
-               "exp_ns": {"float32": 15.0, "bfloat16": 17.0}}  # fmt: skip
+               "exp_ns": {"float32": 15.0, "bfloat16": 17.0}, "threads": 2}  # fmt: skip
 
 
 def host(rates: dict[str, object] = LAYER_RATES):  # type: ignore[no-untyped-def]
@@ -43,14 +43,32 @@ def test_the_figures_round_trip_and_bad_ones_are_one_reason() -> None:
 def test_a_cpu_rank_pays_them_and_crowded_cores_share_them_in_time() -> None:
     rates = dataclasses.replace(parse_rates(json.dumps(LAYER_RATES)), threads=2)
     assert rates.layer_costs("float32") == pytest.approx((300e-6, 15e-9))
-    assert rates.layer_costs("float32", ranks=2) == pytest.approx((300e-6, 15e-9))
-    assert rates.layer_costs("float32", ranks=3) == pytest.approx((450e-6, 22.5e-9))
+    # 2 ranks on 2 cores: no core to spare, each builds and evaluates in turn (below)
+    assert rates.layer_costs("float32", ranks=2) == pytest.approx((600e-6, 15e-9))
+    assert rates.layer_costs("float32", ranks=3) == pytest.approx((900e-6, 22.5e-9))
     # pipeline stages take turns: each has the cores to itself
-    assert rates.layer_costs("float32", ranks=3, together=False) == pytest.approx((300e-6, 15e-9))
+    assert rates.layer_costs("float32", ranks=3, together=False) == pytest.approx((600e-6, 15e-9))
     assert rates.layer_costs("float16") is None  # not measured
     gpu: HostRates = dataclasses.replace(rates, device="gpu")
     assert gpu.layer_costs("float32") is None  # a GPU's small kernels overlap the large ones
     assert (activation_dtype("q4"), activation_dtype("q4-float32")) == ("bfloat16", "float32")
+
+
+def test_a_rank_with_no_core_to_spare_builds_its_graph_and_evaluates_it_in_turn() -> None:
+    """A lone process builds the next step's graph while another core evaluates this one: its
+    layers' figure counts once. Where its BLAS threads or the other ranks take every core, both
+    are done in turn and it counts twice. The kind decides: float32 runs OpenBLAS on every core
+    a rank has (a one-thread figure was measured for it), bfloat16 and 4-bit MLX's own kernels
+    on one."""
+    one = {"float32": {"1": 2.0, "8": 12.0, "512": 20.0}}
+    rates = dataclasses.replace(
+        parse_rates(json.dumps({**LAYER_RATES, "one_thread_gflops": one})), threads=4
+    )
+    assert rates.layer_costs("float32") == pytest.approx((600e-6, 15e-9))  # BLAS on all 4
+    assert rates.layer_costs("q4-float32") == pytest.approx((300e-6, 15e-9))  # one thread
+    assert rates.layer_costs("bfloat16", ranks=3) == pytest.approx((400e-6, 17e-9))  # 1 spare
+    assert rates.layer_costs("q4", ranks=4) == pytest.approx((800e-6, 17e-9))  # none spare
+    assert rates.layer_costs("float32", ranks=2) == pytest.approx((600e-6, 15e-9))  # 2 threads each
 
 
 def test_the_exp_elements_follow_each_ranks_share() -> None:

@@ -29,12 +29,18 @@ class LinkMeasurement:
     small_s: float
     large_bytes: int
     large_s: float
+    # A mini model's decode, seconds a token (cluster/bench/step_cost.py): whole on one rank, in
+    # tensor shares and in pipeline stages over these ranks; None in files from before.
+    steps: StepTimes | None = None
 
     def fit(self, base: BackendCost) -> BackendCost:
         """base with hop_s and link_bytes_per_s solved from the two measured points.
 
         BackendCost models an all-reduce as steps·hop + wire·size/bandwidth, with steps = 2 and
-        wire = 1 for a mesh, steps = 2(n-1) and wire = steps/n for a ring algorithm.
+        wire = 1 for a mesh, steps = 2(n-1) and wire = steps/n for a ring algorithm. Where the
+        mini model's steps were timed, hop_s is what an all-reduce costs inside a tensor step
+        (its share of the step's time beyond the whole model's; the bytes are negligible) and
+        the pipeline step's cost is what the stages took beyond the whole model.
         """
         n = max(self.ranks, 2)
         steps = 2 if base.mesh else 2 * (n - 1)
@@ -45,10 +51,17 @@ class LinkMeasurement:
         if extra_bytes > 0 and extra_s > 0:
             bandwidth = wire * extra_bytes / extra_s
         hop = max(0.0, (self.small_s - wire * self.small_bytes / bandwidth) / steps)
-        return replace(base, hop_s=hop, link_bytes_per_s=bandwidth)
+        if self.steps is None:
+            return replace(base, hop_s=hop, link_bytes_per_s=bandwidth)
+        t = self.steps
+        in_step = max(0.0, t.tensor_s - t.alone_s) / (2 * t.layers) / steps
+        return replace(
+            base, hop_s=in_step, link_bytes_per_s=bandwidth, in_steps=True,
+            pipeline_step_s=max(0.0, t.pipeline_s - t.alone_s),
+        )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "cost_name": self.cost_name,
             "ranks": self.ranks,
             "small_bytes": self.small_bytes,
@@ -56,6 +69,39 @@ class LinkMeasurement:
             "large_bytes": self.large_bytes,
             "large_s": self.large_s,
         }
+        if self.steps is not None:
+            out["steps"] = self.steps.to_json()
+        return out
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds a token of the calibration's mini model (`layers` layers): whole on one rank,
+    in tensor shares, in pipeline stages."""
+
+    layers: int
+    alone_s: float
+    tensor_s: float
+    pipeline_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layers": self.layers,
+            "alone_s": self.alone_s,
+            "tensor_s": self.tensor_s,
+            "pipeline_s": self.pipeline_s,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> StepTimes:
+        if not isinstance(raw, Mapping):
+            raise TypeError("steps must be an object")
+        return cls(
+            layers=int(_in(raw["layers"], "steps.layers", 1, 4096)),
+            alone_s=_in(raw["alone_s"], "steps.alone_s", *_SECONDS),
+            tensor_s=_in(raw["tensor_s"], "steps.tensor_s", *_SECONDS),
+            pipeline_s=_in(raw["pipeline_s"], "steps.pipeline_s", *_SECONDS),
+        )
 
 
 @dataclass(frozen=True)
@@ -127,6 +173,7 @@ def _link(k: Any) -> LinkMeasurement:
         small_s=_in(k["small_s"], "small_s", *_SECONDS),
         large_bytes=int(_in(k["large_bytes"], "large_bytes", *_BYTES)),
         large_s=_in(k["large_s"], "large_s", *_SECONDS),
+        steps=StepTimes.from_json(k["steps"]) if "steps" in k else None,
     )
 
 
@@ -139,9 +186,10 @@ def calibrated_bandwidth(host: str, calibration: Calibration | None) -> float | 
 
 
 def calibration_notes(
-    calibration: Calibration | None, hosts: list[str], cost_name: str
+    calibration: Calibration | None, hosts: list[str], cost_name: str, ranks: int | None = None
 ) -> list[str]:
-    """What a plan took from the calibration, for its assumptions list."""
+    """What a plan took from the calibration, for its assumptions list (`ranks`: of the plan,
+    where several share a host)."""
     if calibration is None:
         return []
     notes = [
@@ -150,10 +198,17 @@ def calibration_notes(
         if (gbs := calibration.bandwidth(h)) is not None
     ]
     link = next((k for k in calibration.links if k.cost_name == cost_name), None)
-    if link is not None and len(hosts) > 1:
+    if link is not None and (ranks or len(hosts)) > 1:
         notes.append(
             f"{cost_name} all-reduce cost fitted to a measurement over {link.ranks} ranks "
             f"({link.small_s * 1e6:.0f} µs at {link.small_bytes} B, "
             f"{link.large_s * 1e3:.1f} ms at {link.large_bytes / 2**20:.0f} MiB)"
         )
+        if link.steps is not None:
+            t = link.steps
+            notes.append(
+                f"{cost_name} step costs measured on a {t.layers}-layer mini model over "
+                f"{link.ranks} ranks: {(t.tensor_s - t.alone_s) * 1e3:.2f} ms a tensor step, "
+                f"{(t.pipeline_s - t.alone_s) * 1e3:.2f} ms a pipeline step beyond its compute"
+            )
     return notes

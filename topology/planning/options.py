@@ -68,7 +68,7 @@ def rank_rates(spec: ModelSpec, slots: Sequence[Slot], rows: int = 1) -> list[Ra
     kind = weight_kind(activations, spec.bits)
     out = []
     for s in slots:
-        layer_s, exp_s = s.layer_costs(activations) or (0.0, 0.0)
+        layer_s, exp_s = s.layer_costs(kind) or (0.0, 0.0)
         memory = s.rates is None or s.rates.device != "cpu"
         out.append(RankRate(s.gflops(kind, rows), memory, layer_s, exp_s))
     return out

@@ -43,11 +43,11 @@ class Slot:
         together = not self.computes_alone
         return self.rates.shared_gflops(kind, rows, self.ranks_here, together)
 
-    def layer_costs(self, dtype: str) -> tuple[float, float] | None:
+    def layer_costs(self, kind: str) -> tuple[float, float] | None:
         """This rank's seconds of a layer's small ops and per exp-type element (a CPU's)."""
         if self.rates is None:
             return None
-        return self.rates.layer_costs(dtype, self.ranks_here, not self.computes_alone)
+        return self.rates.layer_costs(kind, self.ranks_here, not self.computes_alone)
 
 
 @dataclass(frozen=True)

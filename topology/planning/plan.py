@@ -95,6 +95,7 @@ def _assumptions(
     calibration: Calibration | None = None,
     cost_name: str = "",
     kind: str = "bfloat16",  # the model's weight kind, whose assumed rate is named
+    ranks: int | None = None,  # --local N: ranks on the one host (else one a host)
 ) -> list[str]:
     unchecked = [
         f"the memory of {h.name} (not a Mac) is unknown: not checked (set wired_limit_gb for it "
@@ -102,7 +103,7 @@ def _assumptions(
         for h in hosts
         if not h.is_mac and usable_memory_bytes(h) is None
     ]
-    unchecked += calibration_notes(calibration, [h.name for h in hosts], cost_name)
+    unchecked += calibration_notes(calibration, [h.name for h in hosts], cost_name, ranks)
     unchecked += [
         f"memory bandwidth of {h.name} ({h.chip or 'chip unknown'}) is not in the chip table: "
         f"assumed {ASSUMED_BANDWIDTH_GBS:.0f} GB/s (set bandwidth_gbs for it in the cluster file)"
@@ -363,8 +364,12 @@ def plan_local(
     context: int | None = None,  # None: DEFAULT_CONTEXT, capped at the model's
     calibration: Calibration | None = None,  # measured numbers (bench --calibrate)
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS,  # the prompt TTFT is predicted for
+    share_rates: HostRates | None = None,
 ) -> Plan:
-    """N ranks on this machine over the ring backend on 127.0.0.1, sharing memory and bandwidth."""
+    """N ranks on this machine over the ring backend on 127.0.0.1, sharing memory and bandwidth.
+    `share_rates`: the host's rates as measured on a tensor rank's share of the model's matrices
+    (float32 on OpenBLAS: narrower matrices run at rates of their own), for the tensor ranks;
+    pipeline stages multiply by whole layers at the host's."""
     if n < 1:
         raise ValueError("--local needs at least 1 rank")
     check_wired_limits([host])
@@ -379,12 +384,12 @@ def plan_local(
         LOCAL_IP,
         limit_given=host.wired_limit_bytes is not None,
         # the ranks share this machine's cores as they share its memory bandwidth
-        rates=_rates(host),
+        rates=share_rates or _rates(host),
         ranks_here=n,
     )
     notes = [
         f"{n} ranks share this machine's memory and memory bandwidth",
-        *_assumptions([host], calibration, "ring-local", _kind(spec)),
+        *_assumptions([host], calibration, "ring-local", _kind(spec), ranks=n),
     ]
     rates = host.rates
     if rates is not None and rates.device == "cpu" and n > rates.threads:
@@ -394,7 +399,7 @@ def plan_local(
         )
     # Pipeline stages take turns: the one computing has the memory bandwidth and its cores to
     # itself (measured here: pipeline x2 and x3 decode at 0.9x one rank, not at half of it).
-    stage = replace(slot, bandwidth_gbs=bandwidth, computes_alone=True)
+    stage = replace(slot, bandwidth_gbs=bandwidth, computes_alone=True, rates=_rates(host))
     return _plan(
         spec, [slot] * n, strategy, "ring", "ring-local", context, [], calibration,
         prompt_tokens, [stage] * n, local=True, assumptions=tuple(notes),

@@ -107,7 +107,8 @@ def tensor_seconds(
 def tensor_comms_s(spec: ModelSpec, n: int, cost: BackendCost, rows: int = 1) -> float:
     """A step's all-reduces over n tensor ranks (2 per layer) and the step's own overhead."""
     message = rows * _message_bytes(spec)
-    return 2 * spec.layers * cost.all_reduce_s(n, message) + step_overhead_s(n)
+    overhead = 0.0 if cost.in_steps else step_overhead_s(n)
+    return 2 * spec.layers * cost.all_reduce_s(n, message) + overhead
 
 
 def stage_flops(spec: ModelSpec, layers: tuple[int, int], context: int) -> float:
@@ -162,7 +163,10 @@ def pipeline_seconds(
     comms = 0.0
     if n > 1:
         msg = rows * _message_bytes(spec)
-        comms = (n - 1) * cost.hand_off_s(msg) + cost.all_reduce_s(n, msg) + step_overhead_s(n)
+        if cost.pipeline_step_s is not None:  # measured in steps: the hand-offs' bytes added
+            comms = cost.pipeline_step_s + 2 * (n - 1) * msg / cost.link_bytes_per_s
+        else:
+            comms = (n - 1) * cost.hand_off_s(msg) + cost.all_reduce_s(n, msg) + step_overhead_s(n)
     return busy + comms, roofline
 
 
