@@ -107,11 +107,14 @@ class BackendCost:
     hop_s: float  # one small message to a neighbour (half a small all-reduce's round trip)
     link_bytes_per_s: float
     mesh: bool
-    # Measured in decode steps (bench --calibrate, cluster/bench/step_cost.py): hop_s then holds
-    # all a tensor step's synchronisation (no step overhead besides), and a pipeline step costs
-    # pipeline_step_s beyond its stages' compute, its messages' bytes aside.
-    in_steps: bool = False
+    # Measured in decode steps (bench --calibrate, cluster/bench/step_cost.py): a pipeline step
+    # costs this beyond its stages' compute, its messages' bytes aside, and hop_s holds all a
+    # tensor step's synchronisation (no step overhead besides). None: not measured so.
     pipeline_step_s: float | None = None
+
+    @property
+    def in_steps(self) -> bool:
+        return self.pipeline_step_s is not None
 
     def all_reduce_s(self, n: int, size_bytes: int) -> float:
         if n <= 1:

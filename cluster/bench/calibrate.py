@@ -19,7 +19,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from cluster.bench.step_cost import MINI_LAYERS, step_costs
+from cluster.bench.step_cost import step_costs
 from cluster.job import RankJob
 from topology.errors import InputError
 
@@ -81,7 +81,6 @@ def calibrate(job: RankJob, group: Any, emit: Callable[..., None]) -> None:
         links["large_s"] = all_reduce_s(group, large, _int(job, "large_repeats", 5), dtype)
         emit("progress", stage="calibrate", step="step_costs")
         links |= step_costs(group, dtype)
-        links["step_layers"] = MINI_LAYERS
     emit("progress", stage="calibrate", step="memory_bandwidth")
     gbs = 0.0
     if job.rank in measure:

@@ -281,15 +281,12 @@ def shaped_gflops(
     return {rows: _round(flops[rows] / seconds[rows] / 1e9) for rows in SHAPED_ROWS}
 
 
-SHAPED_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
-
-
 def shaped(
     rates: HostRates, shapes: Sequence[Shape], seconds: float, kind: str = "float32"
 ) -> HostRates:
     """`rates` with the float kind's 1- and 8-row points (float32's on one thread too) timed on
     these shapes."""
-    dtype = SHAPED_DTYPES[kind]
+    dtype = FLOATS[kind]
     table = {k: dict(v) for k, v in rates.matmul_gflops.items()}
     table[kind] = {**table.get(kind, {}), **shaped_gflops(shapes, seconds, dtype)}
     one = {k: dict(v) for k, v in rates.one_thread_gflops.items()}

@@ -62,8 +62,9 @@ def per_token_s(model: Any) -> float:
 
 
 def step_costs(group: Any, dtype: mx.Dtype) -> dict[str, float]:
-    """Seconds a token of the mini model (in the activations' `dtype`) takes whole (rank 0
-    alone), in tensor shares and in pipeline stages over `group`; every rank must call it."""
+    """Seconds a token of the mini model (in the activations' `dtype`, `step_layers` layers)
+    takes whole (rank 0 alone), in tensor shares and in pipeline stages over `group`; every
+    rank must call it."""
     from cluster.generate import barrier
     from cluster.pipeline_stage import PipelineStage
 
@@ -86,4 +87,7 @@ def step_costs(group: Any, dtype: mx.Dtype) -> dict[str, float]:
     barrier(group)
     # before and after the others: a burst of other work on the machine spoils one, not both
     # (rank 0 alone came out at 2.3 ms a token in some runs here, 4.5-6.9 in others)
-    return {"alone_s": min(first, alone()), "tensor_s": tensor_s, "pipeline_s": pipeline_s}
+    return {
+        "step_layers": MINI_LAYERS, "alone_s": min(first, alone()), "tensor_s": tensor_s,
+        "pipeline_s": pipeline_s,
+    }  # fmt: skip

@@ -18,7 +18,6 @@ from launcher.ranks.target import LaunchTarget, rank_launches
 from launcher.share.offer import ModelShare
 from topology.cluster_file import ClusterSpec
 from topology.facts import HostFacts
-from topology.host_rates import HostRates
 from topology.model.spec import ModelSpec
 from topology.planning.calibration import Calibration, LinkMeasurement, StepTimes
 from topology.planning.hostfile import hostfile_json
@@ -97,14 +96,13 @@ def local_planner(
     spec: ModelSpec,
     context: int,
     prompt_tokens: int,
-    share_rates: Callable[[int, str], HostRates | None] = lambda k, strategy: None,
 ) -> BenchPlanner:
-    """Plans for k of n ranks here; share_rates(k, strategy): a tensor share's measured rates."""
-
     def plan(k: int, strategy: str, calibration: Calibration | None) -> tuple[Plan, dict[str, Any]]:
+        from launcher.planning.cluster_plan import local_share_rates  # measures: only when run
+
         p = plan_local(
             host, k, spec, strategy=strategy, context=context, calibration=calibration,
-            prompt_tokens=prompt_tokens, share_rates=share_rates(k, strategy),
+            prompt_tokens=prompt_tokens, share_rates=local_share_rates(spec, k, strategy),
         )  # fmt: skip
         return p, hostfile_json(p) if p.ok else {}
 

@@ -57,7 +57,6 @@ from launcher.ranks.supervisor import (
 )
 from topology.cluster_file import BACKENDS
 from topology.errors import InputError
-from topology.host_rates import HostRates
 from topology.model.spec import ModelSpec
 from topology.planning.calibration import Calibration
 
@@ -105,13 +104,9 @@ def _planner(
     """The planner for --local N or a cluster file; an exit code when hosts do not answer."""
     check_hosts_source(cluster_file, local, backend)
     if local is not None:
-        from launcher.planning.cluster_plan import local_share_rates, measured_machine
+        from launcher.planning.cluster_plan import measured_machine
 
-        def share_rates(k: int, strategy: str) -> HostRates | None:
-            return local_share_rates(spec, k, strategy)
-
-        host = measured_machine(spec)
-        return local_planner(host, local, spec, context, prompt_tokens, share_rates)
+        return local_planner(measured_machine(spec), local, spec, context, prompt_tokens)
     from launcher.hosts.gather import probe_facts, read_cluster
     from launcher.hosts.reachability import refuse_unreachable
 

@@ -72,7 +72,7 @@ def this_machine() -> HostFacts:
 
 def measured_machine(spec: ModelSpec | None = None) -> HostFacts:
     """this_machine() with its measured rates (cached after the first time: local_rates.py),
-    float32's decode rates timed on the matrices of `spec` when given."""
+    the decode rates of its float kind timed on the matrices of `spec` when given."""
     rates = local_rates(layer_shapes(spec), shape_kind(spec)) if spec else local_rates()
     return replace(this_machine(), rates=rates)
 

@@ -72,10 +72,10 @@ def layer_shapes(spec: ModelSpec, ranks: int = 1) -> tuple[tuple[int, int, int],
     down, once a layer, and the LM head once, whose decode rates `--local` measures in its
     `shape_kind` (they depend on the shape: OpenBLAS's float32, MLX's own bfloat16); none for
     a quantized model (MLX's kernel: the same rate at every shape measured) nor for latent or
-    linear attention. With `ranks` > 1: the largest share a
-    tensor rank of that many multiplies by (its heads, KV heads and MLP columns, even shares
-    rounded up; the head whole), which OpenBLAS runs at rates of its own (one thread here:
-    a 1024x2048 layer 2.7 GFLOP/s, its third 6.9)."""
+    linear attention. With `ranks` > 1: the largest share a tensor rank of that many multiplies
+    by (its heads, KV heads and MLP columns, even shares rounded up; the head whole), which
+    OpenBLAS runs at rates of its own (one thread here: a 1024x2048 layer 2.7 GFLOP/s, its
+    third 6.9)."""
     if spec.bits < 16 or spec.is_mla or spec.is_hybrid:
         return ()
     dense = len(spec.sparse_layers) < spec.layers

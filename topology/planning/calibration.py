@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from topology.chips import BackendCost
@@ -56,7 +56,7 @@ class LinkMeasurement:
         t = self.steps
         in_step = max(0.0, t.tensor_s - t.alone_s) / (2 * t.layers) / steps
         return replace(
-            base, hop_s=in_step, link_bytes_per_s=bandwidth, in_steps=True,
+            base, hop_s=in_step, link_bytes_per_s=bandwidth,
             pipeline_step_s=max(0.0, t.pipeline_s - t.alone_s),
         )  # fmt: skip
 
@@ -85,12 +85,7 @@ class StepTimes:
     pipeline_s: float
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "layers": self.layers,
-            "alone_s": self.alone_s,
-            "tensor_s": self.tensor_s,
-            "pipeline_s": self.pipeline_s,
-        }
+        return asdict(self)
 
     @classmethod
     def from_json(cls, raw: Any) -> StepTimes:
