@@ -186,7 +186,12 @@ def _say_failure(what: str, outcome: Outcome) -> None:
 @click.option("--backend", type=click.Choice(BACKENDS), help="Default: the cluster file's.")
 @click.option("--json", "json_file", type=FILE, help="Write results here.")
 @click.option("--plot", "plot_file", type=FILE, help="Write a PNG chart.")
-@click.option("--calibrate", is_flag=True, help="Measure links and memory first; save for plans.")
+@click.option(
+    "--calibrate",
+    is_flag=True,
+    help="Measure links, a tensor and a pipeline step's cost (a mini model) and memory first; "
+    "save for plans.",
+)
 @click.option(
     "--speculative",
     type=click.Choice(["on", "off"]),
