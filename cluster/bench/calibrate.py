@@ -19,11 +19,11 @@ from typing import Any
 
 import mlx.core as mx
 
+from cluster.bench.rates import FLOATS
 from cluster.bench.step_cost import step_costs
 from cluster.job import RankJob
 from topology.errors import InputError
 
-DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 # Large enough that the read takes far longer than launching the reduction.
 GPU_BANDWIDTH_BYTES, CPU_BANDWIDTH_BYTES = 1 << 30, 256 << 20
 
@@ -67,9 +67,9 @@ def calibrate(job: RankJob, group: Any, emit: Callable[..., None]) -> None:
 
     small = _int(job, "small_bytes", 16384)
     large = _int(job, "large_bytes", 32 << 20)
-    dtype = DTYPES.get(str(job.options.get("dtype", "bfloat16")))
+    dtype = FLOATS.get(str(job.options.get("dtype", "bfloat16")))
     if dtype is None:
-        raise InputError(f"calibrate job option dtype must be one of {', '.join(DTYPES)}")
+        raise InputError(f"calibrate job option dtype must be one of {', '.join(FLOATS)}")
     measure = job.options.get("bandwidth_ranks", list(range(job.world_size)))
     if not isinstance(measure, list) or not all(isinstance(r, int) for r in measure):
         raise InputError("calibrate job option bandwidth_ranks must be a list of ranks")
