@@ -235,7 +235,7 @@ def mlx_prefill_tok_s(spec: ModelSpec, chip: str, memory_gb: int, prompt: int) -
 def _flops_per_token(spec: ModelSpec, context: int) -> float:
     """The planner's FLOPs a prompt token at this context (its layers and the LM head)."""
     head = 2 * spec.outside_layers_active_bytes / (spec.param_bytes(spec.bits) * spec.scale)
-    return stage_flops(spec, (0, spec.layers), context) + head
+    return sum(stage_flops(spec, (0, spec.layers), context)) + head
 
 
 def prefill_rows() -> list[tuple[str, str, float, float]]:

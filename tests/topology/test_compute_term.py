@@ -18,7 +18,7 @@ from topology.model.spec import ModelSpec, spec_from_config
 from topology.planning.options import share_weights
 from topology.planning.placement import Slot
 from topology.planning.plan import plan_local
-from topology.planning.predict import RankRate, busy_s
+from topology.planning.predict import RankRate, busy_s, stage_flops
 from topology.planning.tensor_costs import balanced_layout
 
 # A 2-core Linux box as `python -m cluster.microbench` recorded it (OpenBLAS): bandwidth-bound
@@ -100,6 +100,10 @@ def test_a_phase_takes_the_slower_of_memory_and_compute() -> None:
     assert busy_s(0.54e-3, 2e9, one, rows=8) == pytest.approx(16.0)  # rows multiply the work
     # a CPU's measured matvec already streamed its weight from memory: its rate alone counts
     assert busy_s(0.54e-3, 1e3, RankRate(1.0, memory=False)) == pytest.approx(1e-6)
+    # activations' own products at their rate (none given: the weights')
+    both = RankRate(1.0, memory=False, activation_gflops=4.0)
+    assert busy_s(0, 1e9, both, 2, activation_flops=4e9) == pytest.approx(2 + 2)
+    assert busy_s(0, 1e9, one, 2, activation_flops=4e9) == pytest.approx(2 + 8)
 
 
 def test_a_measured_cpu_host_is_planned_compute_bound() -> None:
@@ -140,6 +144,20 @@ def test_quantized_weights_use_their_own_rate() -> None:
     f32_tok = plan_local(linux(), 1, f32).predicted_decode_tok_s or 0
     # fewer bytes, but a slower matmul per FLOP: q4 is not 8x faster here, as it is on a Mac
     assert q4_tok < 2 * f32_tok
+
+
+def test_attention_scores_run_at_the_activations_rate_not_the_weights() -> None:
+    """A 4-bit model with float32 activations: its weights multiply at q4-float32's 3 GFLOP/s,
+    its scores (activations by activations) at float32's 40. Charged at the weights' rate,
+    the grid's 4-bit TTFT came out 16-29 % slow on every row."""
+    q4 = small_spec(quantization={"group_size": 64, "bits": 4})
+    floats_gone = {**LINUX_RATES, "matmul_gflops": {"q4-float32": {"1": 3.0, "512": 3.0}}}
+    fast = plan_local(linux(), 1, q4, context=2048, prompt_tokens=1024).predicted_ttft_s or 0
+    slow = plan_local(linux(floats_gone), 1, q4, context=2048, prompt_tokens=1024)
+    scores = sum(512 * stage_flops(q4, (0, 30), reach)[1] for reach in (512, 1024))
+    assert (slow.predicted_ttft_s or 0) - fast == pytest.approx(
+        scores * (1 / 3 - 1 / 40) / 1e9, rel=1e-4
+    )  # the plan rounds its seconds
 
 
 def test_a_mac_with_rates_keeps_its_chip_bandwidth() -> None:

@@ -63,14 +63,16 @@ def gib(n: float) -> str:
 
 
 def rank_rates(spec: ModelSpec, slots: Sequence[Slot], rows: int = 1) -> list[RankRate]:
-    """Each rank's measured matmul throughput for this model's weights at `rows` rows."""
+    """Each rank's measured matmul throughput for this model's weights at `rows` rows, and for
+    its activations' own products where they differ (a quantized model's)."""
     activations = "float32" if spec.dtype_bytes == 4 else "bfloat16"
     kind = weight_kind(activations, spec.bits)
     out = []
     for s in slots:
         layer_s, exp_s = s.layer_costs(kind) or (0.0, 0.0)
         memory = s.rates is None or s.rates.device != "cpu"
-        out.append(RankRate(s.gflops(kind, rows), memory, layer_s, exp_s))
+        own = s.gflops(activations, rows) if activations != kind else None
+        out.append(RankRate(s.gflops(kind, rows), memory, layer_s, exp_s, own))
     return out
 
 

@@ -1,6 +1,7 @@
 """Step time from first principles. Each rank's time in a phase is the larger of its memory
 time (bytes read / (bandwidth × decoding's efficiency)) and its compute time (floating-point
-operations × rows / its measured matmul throughput at that row count), on a CPU plus its layers'
+operations × rows / its measured matmul throughput at that row count: the weights' kind for
+theirs, the activations' dtype for attention's scores), on a CPU plus its layers'
 small ops and exp-type passes (SiLU, softmax: elements × rows × their measured cost), plus the
 collectives the strategy needs. Never above the memory-bandwidth roofline.
 
@@ -55,6 +56,10 @@ class RankRate:
     # small ops a step, and seconds per element of an exp-type pass; 0 where not modelled.
     layer_s: float = 0.0
     exp_s: float = 0.0
+    # Activations times activations (attention's scores) in their own dtype: a quantized
+    # model's run at its float rate, not its weights' (on a CPU 2.3 against 158 GFLOP/s for
+    # float32 activations); None: the weights' rate.
+    activation_gflops: float | None = None
 
     def other_s(self, layers: int, exp_elements: float, rows: int) -> float:
         """Seconds a step of `rows` spends besides matmuls in `layers` layers whose exp-type
@@ -62,12 +67,19 @@ class RankRate:
         return layers * self.layer_s + rows * exp_elements * self.exp_s
 
 
-def busy_s(memory_s: float, flops: float, rate: RankRate | None = None, rows: int = 1) -> float:
+def busy_s(
+    memory_s: float,
+    flops: float,
+    rate: RankRate | None = None,
+    rows: int = 1,
+    activation_flops: float = 0.0,
+) -> float:
     """One rank's time in one phase: memory-bound or compute-bound, whichever is slower."""
     memory = memory_s / DECODE_BANDWIDTH_EFFICIENCY
     if rate is None or not rate.gflops:
         return memory
     compute = rows * flops / (rate.gflops * 1e9)
+    compute += rows * activation_flops / ((rate.activation_gflops or rate.gflops) * 1e9)
     return max(memory, compute) if rate.memory else compute
 
 
@@ -81,7 +93,7 @@ def tensor_phases(
     rates = rates or [RankRate()] * len(costs)
     return [
         [
-            busy_s(m, c.flops[i], g, rows)
+            busy_s(m, c.flops[i], g, rows, c.activation_flops if i == 0 else 0.0)
             + g.other_s(c.layers if i == 0 else 0, c.exp_elements[i], rows)
             for m, c, g in zip(phase, costs, rates, strict=True)
         ]
@@ -111,12 +123,13 @@ def tensor_comms_s(spec: ModelSpec, n: int, cost: BackendCost, rows: int = 1) ->
     return 2 * spec.layers * cost.all_reduce_s(n, message) + overhead
 
 
-def stage_flops(spec: ModelSpec, layers: tuple[int, int], context: int) -> float:
-    """Floating-point operations a token (one row) in a pipeline stage's layers."""
+def stage_flops(spec: ModelSpec, layers: tuple[int, int], context: int) -> tuple[float, float]:
+    """Floating-point operations a token (one row) in a pipeline stage's layers: (of its
+    weights, of activations with activations: the scores and values over the context)."""
     start, end = layers
     weights = sum(c.active for c in spec.layer_costs()[start:end])
     scores = 4 * spec.heads * spec.head_dim * context * (end - start)
-    return 2 * weights / (spec.param_bytes(spec.bits) * spec.scale) + scores
+    return 2 * weights / (spec.param_bytes(spec.bits) * spec.scale), scores
 
 
 def stage_exp_elements(spec: ModelSpec, layers: tuple[int, int], context: int) -> float:
@@ -155,11 +168,12 @@ def pipeline_seconds(
     ]
     head_mem = [head / (bw * 1e9) for bw in bandwidths_gbs]
     roofline = sum(stage_mem) + max(head_mem)
-    busy = sum(
-        busy_s(m, stage_flops(spec, s, context), g, rows)
-        + g.other_s(s[1] - s[0], stage_exp_elements(spec, s, context), rows)
-        for m, s, g in zip(stage_mem, stages, rates, strict=True)
-    ) + max(busy_s(m, head_flops, g, rows) for m, g in zip(head_mem, rates, strict=True))
+    busy = 0.0
+    for m, s, g in zip(stage_mem, stages, rates, strict=True):
+        weights, activations = stage_flops(spec, s, context)
+        busy += busy_s(m, weights, g, rows, activations)
+        busy += g.other_s(s[1] - s[0], stage_exp_elements(spec, s, context), rows)
+    busy += max(busy_s(m, head_flops, g, rows) for m, g in zip(head_mem, rates, strict=True))
     comms = 0.0
     if n > 1:
         msg = rows * _message_bytes(spec)

@@ -165,8 +165,11 @@ class RankCost:
     mlp_read: float  # ... in the MLP / expert phases (all layers)
     outside_read: float  # embedding row, LM head, final norm
     extra_calls: int = 0  # attention calls a token beyond one a layer (a share of several blocks)
-    # floating-point operations a token (one row) in each phase: attention, MLP, outside
+    # floating-point operations a token (one row) in each phase (attention, MLP, outside) of
+    # its weights, and in attention those of activations with activations (the scores and
+    # values over the context, a linear-attention state), which run at the activations' rate
     flops: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    activation_flops: float = 0.0
     # elements of exp-type passes a row in each phase: softmax over its heads' scores, SiLU
     # over its MLP or experts' width (and the router's softmax)
     exp_elements: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -225,9 +228,9 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
         read_mlp = dense * mlp + sparse * (spec.experts_per_token * expert + shared + router)
         routed = spec.experts_per_token * share.width("expert") + share.width("shared")
         silu = dense * share.width("mlp") + sparse * (routed + spec.experts)
-        # a multiply-add per weight read, plus the scores and values over the context
+        # a multiply-add per weight read
         flops = (
-            2 * attn_held / pb + scores + lin * (2 * lin_w / pb + state_flops),
+            2 * (attn_held + lin * lin_w) / pb,
             2 * read_mlp / pb,
             2 * spec.outside_layers_active_bytes / pb,
         )
@@ -243,6 +246,7 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
                 outside_read=spec.outside_layers_active_bytes,
                 extra_calls=extra_calls,
                 flops=flops,
+                activation_flops=scores + lin * state_flops,
                 exp_elements=(softmax, silu, 0.0),
                 layers=spec.layers,
             )
