@@ -142,6 +142,12 @@ def test_measured_steps_set_what_a_step_adds_to_its_compute() -> None:
     assert tensor_comms_s(spec, 2, BACKENDS["ring-local"]) == pytest.approx(
         2 * spec.layers * BACKENDS["ring-local"].all_reduce_s(2, message) + step_overhead_s(2)
     )
+    # a float32 model's ranks exchange 4-byte activations: a prefill chunk's all-reduces of
+    # 512 rows carry twice a bfloat16 model's bytes
+    f32 = spec_from_config({**LLAMA, "torch_dtype": "float32"})
+    assert tensor_comms_s(f32, 2, cost, rows=512) == pytest.approx(
+        2 * spec.layers * cost.all_reduce_s(2, 512 * 2 * message)
+    )
     calibration = Calibration((link,))
     pipeline = plan_local(STUDIO, 2, spec, strategy="pipeline", calibration=calibration)
     fitted_only = plan_local(

@@ -162,10 +162,14 @@ class ModelSpec(ModelShape):
         return int(sum(c.active for c in self.layer_costs()) + self.outside_layers_active_bytes)
 
     @property
-    def _cache_dtype_bytes(self) -> int:
-        # Keys, values and linear state are kept in the activations' dtype: a float32 model's
-        # take 4 bytes.
+    def activation_bytes(self) -> int:
+        """Bytes of an activation: keys, values, linear state and the hidden states ranks
+        exchange are in the activations' dtype (a float32 model's take 4 bytes)."""
         return max(KV_CACHE_DTYPE_BYTES, self.dtype_bytes)
+
+    @property
+    def _cache_dtype_bytes(self) -> int:
+        return self.activation_bytes
 
     @property
     def kv_bytes_per_token_per_layer(self) -> int:

@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from topology.chips import DECODE_BANDWIDTH_EFFICIENCY, BackendCost, step_overhead_s
-from topology.model.spec import KV_CACHE_DTYPE_BYTES, ModelSpec
+from topology.model.spec import ModelSpec
 from topology.planning.tensor_costs import RankCost, phase_seconds
 
 
 def _message_bytes(spec: ModelSpec) -> int:
     """One token's hidden state: what each all-reduce / hand-off carries during decode."""
-    return spec.hidden * KV_CACHE_DTYPE_BYTES
+    return spec.hidden * spec.activation_bytes  # a float32 model's: 4 bytes an element
 
 
 def stage_read_bytes(spec: ModelSpec, layers: tuple[int, int], context: int) -> float:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from topology.model.layout import router_bits
-from topology.model.spec import KV_CACHE_DTYPE_BYTES, ModelSpec
+from topology.model.spec import ModelSpec
 from topology.planning.tensor_shares import WIDTHS, HeadGrid, RankShare, TensorLayout, layout
 
 MEMORY_ROUNDS = 4  # re-balancing rounds for ranks whose share does not fit their memory
@@ -23,7 +23,7 @@ EXTRA_CALL_BYTES = 0.5e6
 
 
 def _cache_size(spec: ModelSpec) -> int:
-    return max(KV_CACHE_DTYPE_BYTES, spec.dtype_bytes)
+    return spec.activation_bytes
 
 
 def _head_elements(spec: ModelSpec) -> tuple[int, int]:
