@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,12 +108,6 @@ def grid(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def spread(values: list[float | None]) -> str:
     """The median error of the repetitions, and their range when there are several."""
     kept = [v for v in values if v is not None]
@@ -120,7 +115,7 @@ def spread(values: list[float | None]) -> str:
         return "–"
     if len(kept) == 1:
         return pct(kept[0])
-    return f"{pct(median(kept))} ({pct(min(kept))} … {pct(max(kept))})"
+    return f"{pct(statistics.median(kept))} ({pct(min(kept))} … {pct(max(kept))})"
 
 
 def main() -> int:
@@ -149,14 +144,14 @@ def main() -> int:
         d_err = [r.get("prediction_error_calibrated") for r in same]
         t_err = [r.get("ttft_error") for r in same]
         if not row["fit"]:
-            d_mid = median([abs(e) for e in d_err if e is not None] or [0.0])
-            t_mid = median([abs(e) for e in t_err if e is not None] or [0.0])
+            d_mid = statistics.median([abs(e) for e in d_err if e is not None] or [0.0])
+            t_mid = statistics.median([abs(e) for e in t_err if e is not None] or [0.0])
             worst["decode"] = max(worst["decode"], d_mid)
             worst["ttft"] = max(worst["ttft"], t_mid)
 
         def mid(field: str, same: list[dict[str, Any]] = same) -> float | None:
             values = [r[field] for r in same if r.get(field) is not None]
-            return median(values) if values else None
+            return statistics.median(values) if values else None
 
         label = f"{row['name']} (calibrated on)" if row["fit"] else row["name"]
         lines.append(

@@ -160,7 +160,6 @@ def matmul_gflops(kind: str, w: mx.array, budget_s: float) -> dict[int, float]:
 # per element of an exp-type pass (SiLU over the MLP, softmax over the scores), which on a CPU
 # is scalar and single-threaded: at a prefill chunk's rows it outlasts float32's matmuls.
 SHELL_WIDTH, SHELL_HEADS, SHELL_CONTEXT = 64, 2, 256
-ROUNDS = 2  # a figure's budget split into rounds taken in turn with the others', best kept
 SHELL_LAYERS = (4, 12)  # steps timed; the difference is per layer (the eval's own cost cancels)
 EXP_SHAPE = (256, 2048)  # activations of a mid-sized model's prefill, beyond a call's overhead
 
@@ -244,6 +243,7 @@ def layer_overhead(dtype: mx.Dtype, budget_s: float) -> tuple[float, float]:
 # copies outgrow any cache, as a decoding model's weights do, and multiplied in turn.
 SHAPED_BYTES = 128 << 20
 SHAPED_ROWS = (1, 8)
+ROUNDS = 2  # a set's budget split into rounds taken in turn with the others', best kept
 
 Shape = tuple[int, int, int]  # K, N, and how many times the model multiplies by one a token
 

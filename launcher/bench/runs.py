@@ -91,11 +91,7 @@ def refusal(plan: Plan) -> str:
 
 
 def local_planner(
-    host: HostFacts,
-    n: int,
-    spec: ModelSpec,
-    context: int,
-    prompt_tokens: int,
+    host: HostFacts, n: int, spec: ModelSpec, context: int, prompt_tokens: int
 ) -> BenchPlanner:
     def plan(k: int, strategy: str, calibration: Calibration | None) -> tuple[Plan, dict[str, Any]]:
         from launcher.planning.cluster_plan import local_share_rates  # measures: only when run
@@ -206,7 +202,7 @@ def run_calibration(
     first_rank = {h: hosts.index(h) for h in dict.fromkeys(hosts)}
     options = {
         "small_bytes": spec.hidden * spec.dtype_bytes,  # one token's hidden state
-        "dtype": "float32" if spec.dtype_bytes == 4 else "bfloat16",
+        "dtype": spec.activation_dtype,
         "large_bytes": large_bytes,
         "bandwidth_ranks": sorted(first_rank.values()),
     }

@@ -16,12 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.planning.calibration_store import load_calibration
-from launcher.planning.local_rates import (
-    layer_shapes,
-    local_rates,
-    shape_kind,
-    tensor_share_rates,
-)
+from launcher.planning.local_rates import layer_shapes, local_rates, tensor_share_rates
 from launcher.planning.model_source import load_model_spec
 from topology.cluster_file import ClusterSpec
 from topology.facts import CheckResult, HostFacts, Software
@@ -73,7 +68,7 @@ def this_machine() -> HostFacts:
 def measured_machine(spec: ModelSpec | None = None) -> HostFacts:
     """this_machine() with its measured rates (cached after the first time: local_rates.py),
     the decode rates of its float kind timed on the matrices of `spec` when given."""
-    rates = local_rates(layer_shapes(spec), shape_kind(spec)) if spec else local_rates()
+    rates = local_rates(layer_shapes(spec), spec.activation_dtype) if spec else local_rates()
     return replace(this_machine(), rates=rates)
 
 

@@ -70,7 +70,7 @@ def measure(
 def layer_shapes(spec: ModelSpec, ranks: int = 1) -> tuple[tuple[int, int, int], ...]:
     """A float model's matrices (K, N, times a token): one layer's q, k, v, o, gate, up and
     down, once a layer, and the LM head once, whose decode rates `--local` measures in its
-    `shape_kind` (they depend on the shape: OpenBLAS's float32, MLX's own bfloat16); none for
+    `activation_dtype` (they depend on the shape: OpenBLAS's float32, MLX's own bfloat16); none for
     a quantized model (MLX's kernel: the same rate at every shape measured) nor for latent or
     linear attention. With `ranks` > 1: the largest share a tensor rank of that many multiplies
     by (its heads, KV heads and MLP columns, even shares rounded up; the head whole), which
@@ -92,17 +92,12 @@ def layer_shapes(spec: ModelSpec, ranks: int = 1) -> tuple[tuple[int, int, int],
     return shapes if ok else ()
 
 
-def shape_kind(spec: ModelSpec) -> str:
-    """The float kind a model's matrices multiply in (options.rank_rates' kind for it)."""
-    return "float32" if spec.dtype_bytes == 4 else "bfloat16"
-
-
 def tensor_share_rates(spec: ModelSpec, ranks: int) -> HostRates | None:
     """This machine's rates with the model's decode points timed on a tensor share's matrices
     over `ranks` ranks; None where there is nothing of the kind to time (one rank, a quantized
     model)."""
     shapes = layer_shapes(spec, ranks) if ranks > 1 else ()
-    return local_rates(shapes, shape_kind(spec)) if shapes else None
+    return local_rates(shapes, spec.activation_dtype) if shapes else None
 
 
 def local_rates(

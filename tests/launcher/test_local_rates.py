@@ -156,7 +156,7 @@ def test_a_tensor_share_and_a_bfloat16_model_are_timed_on_their_own_matrices(
                              "num_attention_heads": 64, "num_key_value_heads": 8})  # fmt: skip
     assert lr.layer_shapes(huge) == ()  # beyond what the microbenchmark should hold
     bf16 = spec_from_config({**SMOLLM2, "torch_dtype": "bfloat16"})
-    assert (lr.shape_kind(spec), lr.shape_kind(bf16)) == ("float32", "bfloat16")
+    assert (spec.activation_dtype, bf16.activation_dtype) == ("float32", "bfloat16")
     assert lr.tensor_share_rates(spec, 1) is None
     generic = lr.local_rates()
     shares = lr.tensor_share_rates(spec, 3)

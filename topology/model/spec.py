@@ -168,12 +168,14 @@ class ModelSpec(ModelShape):
         return max(KV_CACHE_DTYPE_BYTES, self.dtype_bytes)
 
     @property
-    def _cache_dtype_bytes(self) -> int:
-        return self.activation_bytes
+    def activation_dtype(self) -> str:
+        """The float kind activations (and a float model's weights) are in: float32 for a
+        float32 model, else bfloat16 (mlx-community's models, quantized or not)."""
+        return "float32" if self.dtype_bytes == 4 else "bfloat16"
 
     @property
     def kv_bytes_per_token_per_layer(self) -> int:
-        size = self._cache_dtype_bytes
+        size = self.activation_bytes
         if self.is_mla:  # MLA caches the compressed latent and the rope key only
             # (+ V3.2's indexer keys, which mlx-lm caches beside zeros as their values)
             latent = (self.kv_lora_rank or 0) + self.qk_rope_head_dim + self.index_cache_dim
@@ -184,7 +186,7 @@ class ModelSpec(ModelShape):
         """KV cache bytes a token in this layer (Step-3.5's sliding layers: their own heads)."""
         if not self.is_other(layer):
             return self.kv_bytes_per_token_per_layer
-        return 2 * self.other_kv_heads * self.head_dim * self._cache_dtype_bytes
+        return 2 * self.other_kv_heads * self.head_dim * self.activation_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -197,7 +199,7 @@ class ModelSpec(ModelShape):
     @property
     def linear_state_bytes_per_layer(self) -> int:
         """A linear-attention layer's whole state for one sequence (0 without such layers)."""
-        size = self._cache_dtype_bytes
+        size = self.activation_bytes
         return self.linear_key_heads * self.linear_state_bytes(size) if self.is_hybrid else 0
 
     def layer_cache_bytes(self, layer: int, context: int) -> int:

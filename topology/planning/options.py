@@ -65,7 +65,7 @@ def gib(n: float) -> str:
 def rank_rates(spec: ModelSpec, slots: Sequence[Slot], rows: int = 1) -> list[RankRate]:
     """Each rank's measured matmul throughput for this model's weights at `rows` rows, and for
     its activations' own products where they differ (a quantized model's)."""
-    activations = "float32" if spec.dtype_bytes == 4 else "bfloat16"
+    activations = spec.activation_dtype
     kind = weight_kind(activations, spec.bits)
     out = []
     for s in slots:

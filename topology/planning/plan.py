@@ -145,7 +145,7 @@ def _compute_notes(unmeasured: Sequence[HostFacts], kind: str) -> list[str]:
 
 def _kind(spec: ModelSpec) -> str:
     """The weight kind whose rate the model's matmuls run at (as options.rank_rates asks)."""
-    return weight_kind("float32" if spec.dtype_bytes == 4 else "bfloat16", spec.bits)
+    return weight_kind(spec.activation_dtype, spec.bits)
 
 
 def _rates(h: HostFacts) -> HostRates | None:

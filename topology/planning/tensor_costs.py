@@ -22,10 +22,6 @@ MEMORY_ROUNDS = 4  # re-balancing rounds for ranks whose share does not fit thei
 EXTRA_CALL_BYTES = 0.5e6
 
 
-def _cache_size(spec: ModelSpec) -> int:
-    return spec.activation_bytes
-
-
 def _head_elements(spec: ModelSpec) -> tuple[int, int]:
     """Weights per query head (its q rows, o columns, MLA's latent maps) and per KV head."""
     h = spec.hidden
@@ -53,8 +49,8 @@ def _cache_per_kv(spec: ModelSpec) -> int:
     """KV cache bytes per token of context per KV head held (MLA: its whole latent cache)."""
     if spec.is_mla:  # + V3.2's indexer keys (and the zeros mlx-lm keeps as their values)
         latent = (spec.kv_lora_rank or 0) + spec.qk_rope_head_dim + spec.index_cache_dim
-        return latent * _cache_size(spec)
-    return 2 * spec.head_dim * _cache_size(spec)
+        return latent * spec.activation_bytes
+    return 2 * spec.head_dim * spec.activation_bytes
 
 
 def _score_dim(spec: ModelSpec) -> int:
@@ -216,7 +212,7 @@ def rank_costs(spec: ModelSpec, lay: TensorLayout, context: int) -> list[RankCos
         keys = share.width("linear") // spec.linear_head_columns if spec.is_hybrid else 0
         vectors = spec.linear_head_vectors * spec.dtype_bytes * spec.scale
         lin_w = keys * (spec.linear_head_weights * pb + vectors)
-        state = keys * spec.linear_state_bytes(_cache_size(spec))
+        state = keys * spec.linear_state_bytes(spec.activation_bytes)
         # the state's products: a key x value outer product and two reads a value head
         state_flops = 6 * keys * spec.linear_group * spec.linear_value_head_dim
         state_flops *= spec.linear_key_head_dim
