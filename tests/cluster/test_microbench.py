@@ -49,8 +49,31 @@ def test_default_kinds_at_every_row_count_on_this_device() -> None:
     # a layer's other work, for the activations' dtypes of the kinds (q4: bfloat16; -float32)
     assert sorted(rates.layer_us) == sorted(rates.exp_ns) == ["bfloat16", "float32"]
     assert all(v > 0 for v in rates.exp_ns.values())
-    # a chain of 12 layers of a dozen small ops each takes longer than one of 4
+    # a step of 12 layers of a dozen small ops each takes longer than one of 4
     assert all(v > 0 for v in rates.layer_us.values())
+
+
+def test_a_layers_figures_are_the_median_step_not_the_best(monkeypatch: Any) -> None:
+    """Each run is called in turn, one call a sample, the first call of each untimed; a burst
+    that makes a sample fast or slow does not set the figure (a clock the runs advance)."""
+    from cluster.bench import rates as bench_rates
+
+    now = [0.0]
+    monkeypatch.setattr(bench_rates.time, "perf_counter", lambda: now[0])
+    calls: list[str] = []
+
+    def run(name: str, seconds: list[float]) -> Any:
+        def call() -> None:
+            calls.append(name)
+            now[0] += seconds[min(len(calls) // 2, len(seconds) - 1)]
+
+        return call
+
+    # timed samples (ms): the 4-layer step's 1, 1, 9 (a burst), the 12-layer step's 0.5, 3, 3
+    few = run("few", [0.0, 1e-3, 1e-3, 9e-3])
+    many = run("many", [0.0, 3e-3, 0.5e-3, 3e-3])
+    assert bench_rates.medians([few, many], budget_s=0.01) == pytest.approx([1e-3, 3e-3])
+    assert calls[:4] == ["few", "many", "few", "many"]
 
 
 def test_a_models_shapes_replace_float32s_decode_points_only(tmp_path: Any) -> None:
