@@ -1,4 +1,5 @@
-"""Time to first token: a prompt run through the chosen plan in chunks of PREFILL_CHUNK rows.
+"""Time to first token: a prompt run through the chosen plan in chunks of PREFILL_CHUNK rows,
+then the one-row step that feeds its last token and gives the first token, as mlx-lm runs it.
 
 Each chunk is one step of the step-time model (predict.py) at that many rows: weights read once
 a chunk, the KV cache as far as the chunk reaches, FLOPs × rows over each rank's measured
@@ -40,16 +41,20 @@ def ttft_seconds(
     if prompt_tokens < 1 or any(s.rates is None for s in slots):
         return None
     bandwidths = [s.bandwidth_gbs for s in slots]
-    total = 0.0
-    for start in range(0, prompt_tokens, PREFILL_CHUNK):
-        rows = min(PREFILL_CHUNK, prompt_tokens - start)
-        reach = start + rows  # the chunk attends to everything before it and itself
+
+    def step(rows: int, reach: int) -> float:
         rates = rank_rates(spec, slots, rows)
         if option.strategy == "tensor" and option.layout is not None:
             costs = rank_costs(spec, option.layout, reach)
-            seconds, _ = tensor_seconds(spec, costs, bandwidths, cost, rates, rows)
-        else:
-            stages = [load.layers for load in option.loads]
-            seconds, _ = pipeline_seconds(spec, stages, bandwidths, cost, reach, rates, rows)
-        total += seconds
-    return total
+            return tensor_seconds(spec, costs, bandwidths, cost, rates, rows)[0]
+        stages = [load.layers for load in option.loads]
+        return pipeline_seconds(spec, stages, bandwidths, cost, reach, rates, rows)[0]
+
+    # mlx-lm reads all but the prompt's last token in chunks; the last one goes through the
+    # first decode step, which gives the first token (generate_step, BatchGenerator alike).
+    read = prompt_tokens - 1
+    total = sum(
+        step(min(PREFILL_CHUNK, read - start), min(read, start + PREFILL_CHUNK))
+        for start in range(0, read, PREFILL_CHUNK)
+    )
+    return total + step(1, prompt_tokens)
