@@ -30,13 +30,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import json
 import os
 import re
 import sys
 from collections.abc import Mapping
 from typing import Any
 
+from cluster.host_cores import cores, ranks_on_this_host
 from cluster.job import RankJob
 from topology.errors import InputError
 
@@ -137,27 +137,6 @@ def choose(environ: Mapping[str, str], job_env: Mapping[str, str]) -> str | None
             f"{CHOICE_ENV}={setting}: not a shared library this host's python can load"
         )
     return None if setting in _preload_entries(preload) else setting
-
-
-def ranks_on_this_host(job: RankJob) -> int | None:
-    """How many of the job's ranks share this rank's host (the ring hostfile's addresses: ranks
-    on one host list the same first address, 127.0.0.1 for --local); None when unknown."""
-    if job.world_size <= 1:
-        return 1
-    try:
-        hosts: Any = json.loads(job.files.get("MLX_HOSTFILE") or "null")
-        firsts = [str(h[0]).rsplit(":", 1)[0] for h in hosts]
-        mine = firsts[job.rank]
-    except (ValueError, TypeError, IndexError, KeyError):
-        return None
-    return sum(1 for f in firsts if f == mine) if len(firsts) == job.world_size else None
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def threads_for(job: RankJob) -> int | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster import ring_wait
-from cluster.blas import cores, ranks_on_this_host
+from cluster.host_cores import cores, ranks_on_this_host
 from cluster.job import RankJob
 from topology.errors import InputError
 from topology.planning.hostfile import missing_devices

@@ -27,7 +27,7 @@ import traceback
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from cluster import blas, heap, transformers_table
+from cluster import blas, heap, host_cores, transformers_table
 from cluster.job import RankJob, event_line
 from topology.errors import InputError
 
@@ -206,6 +206,9 @@ def main() -> int:
     except (ValueError, TypeError) as e:
         stderr.write(event_line("error", rank=None, kind="input", message=f"bad job line: {e}"))
         return EXIT_INPUT
+    # On Linux each of a host's ranks keeps to cores of its own (cluster/host_cores.py): first,
+    # so the BLAS re-execution and every thread started later inherit them.
+    host_cores.pin(job, os.environ)
     try:  # on Linux: execute again with an optimized BLAS preloaded (cluster/blas.py)
         blas.switch(job, line)
     except InputError as e:

@@ -102,6 +102,14 @@ def parse_args() -> argparse.Namespace:
         help="mlx-lm's ranks: same (default): the system OpenBLAS ours preload, the cores split\n"
         "alike; bundled: the wheel's reference BLAS, as mlx-lm runs out of the box",
     )
+    p.add_argument(
+        "--their-cores",
+        choices=["free", "own"],
+        default="free",
+        help="mlx-lm's ranks: free (default): wherever the kernel runs them, as mlx-lm does;\n"
+        "own: each kept to a block of cores of its own, as ours keep themselves on Linux\n"
+        "(cluster/host_cores.py): a control that gives both sides the same placement",
+    )
     p.add_argument("--json", type=Path, metavar="PATH", help="write raw and summary figures")
     args = p.parse_args()
     if args.reps < 1 or args.per_client < 1 or min(args.concurrency) < 1:

@@ -92,8 +92,9 @@ class Bench:
         first time, measure how much CPU they burn while idle."""
         args = self.args
         began = time.monotonic()
-        same_blas = args.their_blas == "same"
-        waiting = {name: start_server(name, args.cli, self.model, self.logs, self.procs, same_blas)
+        same_blas, own_cores = args.their_blas == "same", args.their_cores == "own"
+        waiting = {name: start_server(name, args.cli, self.model, self.logs, self.procs, same_blas,
+                                      own_cores)
                    for name in names}  # fmt: skip
         for name in names:
             server = self.servers[name] = waiting[name](args.start_timeout)

@@ -73,14 +73,21 @@ Waiter = Callable[[float], Server]  # a started server: wait up to this many sec
 
 
 def start_server(
-    name: str, cli: str, model: Path, logs: Path, procs: list[Proc], same_blas: bool = True
+    name: str,
+    cli: str,
+    model: Path,
+    logs: Path,
+    procs: list[Proc],
+    same_blas: bool = True,
+    own_cores: bool = False,
 ) -> Waiter:
     """Start one of NAMES (its processes go into `procs`); call the result to wait until ready.
-    same_blas: mlx-lm's ranks get the OpenBLAS ours preload (else the wheel's bundled one)."""
+    same_blas: mlx-lm's ranks get the OpenBLAS ours preload (else the wheel's bundled one);
+    own_cores: each is kept to a block of cores as ours keep themselves (else left free)."""
     if name == "mlx-cluster":
         return partial(wait_ours, start_ours(cli, model, logs, procs), model)
     if name == "mlx-lm":
-        return partial(wait_theirs, *start_theirs(model, logs, procs, same_blas))
+        return partial(wait_theirs, *start_theirs(model, logs, procs, same_blas, own_cores))
     raise ValueError(f"unknown server {name!r}")
 
 
@@ -109,9 +116,12 @@ def wait_ours(proc: Proc, model: Path, timeout: float) -> Server:
 
 
 def start_theirs(
-    model: Path, logs: Path, procs: list[Proc], same_blas: bool = True
+    model: Path, logs: Path, procs: list[Proc], same_blas: bool = True, own_cores: bool = False
 ) -> tuple[list[Proc], int]:
-    """mlx-lm's ranks; with same_blas, the BLAS and thread count ours give themselves."""
+    """mlx-lm's ranks; with same_blas, the BLAS and thread count ours give themselves; with
+    own_cores, each under `taskset` to the block of cores ours would take (Linux)."""
+    from cluster import host_cores
+
     blas = same_blas_env(RANKS) if same_blas else {}
     hostfile = logs / "mlx-lm-ring.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(RANKS)]))
@@ -121,7 +131,9 @@ def start_theirs(
     started = []
     for rank in range(RANKS):
         env = {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile), **blas}
-        proc = start_proc(f"mlx-lm-rank{rank}", argv, logs, env)
+        block = host_cores.block(rank, RANKS, host_cores.allowed()) if own_cores else None
+        pinned = ["taskset", "-c", ",".join(map(str, block))] if block else []
+        proc = start_proc(f"mlx-lm-rank{rank}", [*pinned, *argv], logs, env)
         procs.append(proc)
         started.append(proc)
     return started, port

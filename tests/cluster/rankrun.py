@@ -35,6 +35,16 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def host_job(n: int = 2, rank: int = 0, ips: list[str] | None = None, **kw: Any) -> RankJob:
+    """A job line as the launcher writes it for rank `rank` of `n` whose ring hostfile lists
+    `ips` (127.0.0.1 for all: --local n); nothing is started."""
+    ips = ips or ["127.0.0.1"] * n
+    files = {"MLX_HOSTFILE": json.dumps([[f"{ip}:{5000 + i}"] for i, ip in enumerate(ips)])}
+    fields: dict[str, Any] = {"rank": rank, "world_size": n, "backend": "ring", "model": "m"}
+    fields |= {"strategy": "tensor", "files": files if n > 1 else {}}
+    return RankJob(**{**fields, **kw})
+
+
 def ring_jobs(n: int, model: str | Path, strategy: str = "tensor", **fields: Any) -> list[RankJob]:
     """One job per rank; the ring hostfile travels in `files` as mlx.launch would write it."""
     hostfile = json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(n)])

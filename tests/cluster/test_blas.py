@@ -3,12 +3,12 @@ the environment of the re-executed rank, the job handed over, and what is report
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
+from rankrun import host_job
 
 from cluster import blas
 from cluster.job import RankJob
@@ -20,13 +20,6 @@ needs_openblas = pytest.mark.skipif(
     reason="no OpenBLAS on this host (scripts/ci_system_deps installs libopenblas0-pthread)",
 )
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux ranks only")
-
-
-def job(n: int = 2, rank: int = 0, ips: list[str] | None = None, **kw: object) -> RankJob:
-    ips = ips or ["127.0.0.1"] * n
-    files = {"MLX_HOSTFILE": json.dumps([[f"{ip}:{5000 + i}"] for i, ip in enumerate(ips)])}
-    fields: dict = {"rank": rank, "world_size": n, "backend": "ring", "strategy": "tensor"}
-    return RankJob(**{**fields, "model": "m", "files": files if n > 1 else {}, **kw})
 
 
 def test_candidates_start_with_debian_paths_and_cover_other_distributions() -> None:
@@ -74,22 +67,12 @@ def test_choose_refuses_what_names_nothing_usable() -> None:
         blas.choose({}, {"MLX_CLUSTER_BLAS": os.path.realpath(sys.executable)})
 
 
-def test_ranks_on_this_host_from_the_ring_hostfile() -> None:
-    assert blas.ranks_on_this_host(job(1)) == 1
-    assert blas.ranks_on_this_host(job(4)) == 4  # --local 4: every rank on 127.0.0.1
-    spread = ["10.0.0.1", "10.0.0.2", "10.0.0.1"]
-    assert blas.ranks_on_this_host(job(3, rank=0, ips=spread)) == 2
-    assert blas.ranks_on_this_host(job(3, rank=1, ips=spread)) == 1
-    assert blas.ranks_on_this_host(job(2, files={})) is None  # unknown: OpenBLAS's default
-    assert blas.ranks_on_this_host(job(2, files={"MLX_HOSTFILE": "[[]]"})) is None
-
-
 def test_threads_share_the_cores_between_the_ranks_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(blas, "cores", lambda: 8)
-    assert blas.threads_for(job(1)) == 8
-    assert blas.threads_for(job(2)) == 4
-    assert blas.threads_for(job(16)) == 1  # at least one
-    assert blas.threads_for(job(2, files={})) is None
+    assert blas.threads_for(host_job(1)) == 8
+    assert blas.threads_for(host_job(2)) == 4
+    assert blas.threads_for(host_job(16)) == 1  # at least one
+    assert blas.threads_for(host_job(2, files={})) is None
 
 
 def test_preload_env_appends_and_keeps_the_hosts_settings() -> None:
