@@ -121,31 +121,40 @@ def _planner(
 def _calibrate(
     cases: Sequence[Case], model: str, spec: ModelSpec, deadlines: Deadlines
 ) -> tuple[Calibration | None, int]:
-    """Calibrate over the runnable case with the most hosts and save it; (calibration, code)."""
+    """Calibrate over each runnable host count (the largest first) and save it; (calibration,
+    code). A step's waits differ with the ranks (local tensor ranks on a core each against more
+    ranks than cores), so each count the plan may be asked about gets its own measurement; a
+    tensor case is preferred, as tensor ranks keep to their own cores (cluster/host_cores.py)."""
     from launcher.planning.calibration_store import save_calibration
 
     runnable = [c for c in cases if c.target is not None]
     if not runnable:
         click.echo("calibration: skipped, no size has a valid plan to run it on", err=True)
         return None, 0
-    target = max(runnable, key=lambda c: c.hosts).target
-    assert target is not None
-    run = run_calibration(target, model, spec, CALIBRATE_LARGE_BYTES, deadlines)
-    if run.calibration is None:
-        _say_failure("calibration", run.outcome)
-        return None, run.outcome.exit_code
-    path = save_calibration(run.calibration)
-    for link in run.calibration.links:
+    sizes = sorted({c.hosts for c in runnable if c.hosts > 1} or {max(c.hosts for c in runnable)})
+    calibration = Calibration()
+    for hosts in reversed(sizes):
+        case = min(
+            (c for c in runnable if c.hosts == hosts), key=lambda c: "tensor" not in c.strategies
+        )
+        assert case.target is not None
+        run = run_calibration(case.target, model, spec, CALIBRATE_LARGE_BYTES, deadlines)
+        if run.calibration is None:
+            _say_failure("calibration", run.outcome)
+            return None, run.outcome.exit_code
+        calibration = run.calibration.merged(calibration)  # the largest count's bandwidths
+    path = save_calibration(calibration)
+    for link in calibration.links:
         click.echo(
             f"calibration: all_sum over {link.ranks} ranks ({link.cost_name}): "
             f"{link.small_bytes} B in {link.small_s * 1e6:.0f} µs, "
             f"{link.large_bytes / 2**20:.0f} MiB in {link.large_s * 1e3:.1f} ms",
             err=True,
         )
-    for host, gbs in run.calibration.host_bandwidth_gbs:
+    for host, gbs in calibration.host_bandwidth_gbs:
         click.echo(f"calibration: memory bandwidth of {host}: {gbs:.1f} GB/s", err=True)
     click.echo(f"calibration: saved to {path}", err=True)
-    return run.calibration, 0
+    return calibration, 0
 
 
 def _say_failure(what: str, outcome: Outcome) -> None:

@@ -50,7 +50,7 @@ def test_the_hosts_cores_are_counted_before_the_block() -> None:
     assert host_cores.cores({}) == len(host_cores.allowed())
 
 
-def test_left_as_it_was_off_linux_when_off_or_when_already_in_its_block(
+def test_left_as_it_was_off_linux_when_off_for_pipelines_or_when_already_in_its_block(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(host_cores, "allowed", lambda: [0, 1, 2, 3])
@@ -59,6 +59,7 @@ def test_left_as_it_was_off_linux_when_off_or_when_already_in_its_block(
     assert host_cores.pin(host_job(2, rank=1), {host_cores.CHOICE_ENV: "off"}) is None
     assert host_cores.pin(host_job(2, rank=1), {host_cores.HOST_CORES_ENV: "4"}) is None
     assert host_cores.pin(host_job(1), {}) is None
+    assert host_cores.pin(host_job(2, rank=1, strategy="pipeline"), {}) is None
     assert calls == []
     environ: dict[str, str] = {}
     expected = [2, 3] if sys.platform.startswith("linux") else None

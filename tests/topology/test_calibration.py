@@ -168,3 +168,24 @@ def test_step_times_round_trip_and_bad_ones_are_refused() -> None:
         broken = {**raw, "links": [{**raw["links"][0], "steps": {**STEPS.to_json(), **bad}}]}
         with pytest.raises((KeyError, TypeError, ValueError)):
             Calibration.from_json(broken)
+
+
+def test_each_rank_count_is_planned_with_its_own_measurement() -> None:
+    """bench --calibrate measures every host count it runs: 2 local tensor ranks on a core
+    each wait far less a step than 3 ranks on 2 cores. A plan takes its own count's figures,
+    else the largest count's; a merge keeps each count."""
+    spec = spec_from_config(LLAMA)
+    two = LinkMeasurement("ring-local", 2, SMALL, 1e-4, LARGE, 5e-2)
+    three = LinkMeasurement("ring-local", 3, SMALL, 2e-3, LARGE, 0.5)
+    both = Calibration((three,)).merged(Calibration((two,)))
+    assert set(both.links) == {two, three}
+    assert both.link("ring-local", 2) == two and both.link("ring-local", 3) == three
+    assert both.link("ring-local", 4) == three and both.link("jaccl", 2) is None
+
+    def tok(calibration: Calibration, n: int) -> float:
+        plan = plan_local(STUDIO, n, spec, strategy="tensor", calibration=calibration)
+        return plan.predicted_decode_tok_s or 0
+
+    assert tok(both, 2) == tok(Calibration((two,)), 2) > tok(Calibration((three,)), 2)
+    assert tok(both, 3) == tok(Calibration((three,)), 3)
+    assert any("over 2 ranks" in a for a in calibration_notes(both, ["localhost"], "ring-local", 2))

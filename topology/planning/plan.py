@@ -179,7 +179,8 @@ def _plan(
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     context = plan_context(spec, context)
-    n, cost = len(slots), calibrated_cost(cost_name, BACKENDS[cost_name], calibration)
+    n = len(slots)
+    cost = calibrated_cost(cost_name, BACKENDS[cost_name], calibration, n)
     staged = staged or slots
     options = [
         tensor_option(spec, slots, cost, context),
