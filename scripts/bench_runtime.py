@@ -10,7 +10,9 @@ interleaved (ours, theirs, ours, theirs, ...) so load drifts hit both alike:
   3. the same, against those mlx_lm benchmark ranks started directly without mlx.launch (a
      control: mlx.launch's I/O threads select() on the ranks' always-writable stdin and spin,
      which on a machine with few cores slows its ranks down)
-Prints generation tok/s (median and best over reps), the ratios, and the machine.
+Every mlx-lm process gets the BLAS our ranks preload (the system OpenBLAS, the cores split
+between the ranks; none found: both keep the wheel's). Prints generation tok/s (median and best
+over reps), the ratios, and the machine.
 """
 
 from __future__ import annotations
@@ -56,8 +58,18 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()}, MLX on {device}"
 
 
-def _run(argv: list[str]) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
+def same_blas(ranks: int) -> dict[str, str]:
+    """The environment that gives mlx-lm's `ranks` processes the BLAS ours preload (the system
+    OpenBLAS, the cores split between them): the engines compared, not the libraries."""
+    from serve_bench.servers import same_blas_env
+
+    return {**os.environ, **same_blas_env(ranks)}
+
+
+def _run(argv: list[str], env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT, env=env
+    )
     if done.returncode != 0:
         sys.exit(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stderr[-2000:]}")
     return done.stdout
@@ -87,7 +99,8 @@ def ours(model: Path, ranks: int, tokens: int) -> Measured:
 
 
 def plain_stream_generate(model: Path, tokens: int) -> Measured:
-    out = _run([PY, __file__, "--plain-reference", str(model), "--tokens", str(tokens)])
+    argv = [PY, __file__, "--plain-reference", str(model), "--tokens", str(tokens)]
+    out = _run(argv, same_blas(1))
     found = json.loads(out)
     return float(found["generation_tps"]), int(found["tokens"])
 
@@ -97,7 +110,7 @@ def mlx_lm_benchmark(model: Path, tokens: int) -> Measured:
     out = _run([
         str(BIN / "mlx.launch"), "-n", "2", "--", PY, "-m", "mlx_lm", "benchmark",
         "--model", str(model), "-p", "32", "-g", str(tokens), "-n", "1",
-    ])  # fmt: skip
+    ], same_blas(2))  # fmt: skip
     found = re.search(r"Averages:.*generation_tps=([0-9.]+)", out)
     if found is None:
         sys.exit(f"no 'Averages:' line in mlx_lm benchmark output:\n{out[-2000:]}")
@@ -125,7 +138,7 @@ def mlx_lm_benchmark_direct(model: Path, tokens: int) -> Measured:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                env={**os.environ, "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)},
+                env={**same_blas(2), "MLX_RANK": str(r), "MLX_HOSTFILE": str(hostfile)},
             )
             for r in range(2)
         ]
