@@ -5,7 +5,7 @@ Left free, the kernel moves a rank's threads between cores: its evaluation threa
 building main thread and its ring socket threads wake wherever a core is free, often one the
 other rank is computing on, and every collective waits for the slower wake-up. Kept to its own
 cores, a rank's threads wake where they slept. `serve --local 2` on 2 cores, 1 streaming client:
-50–55 tok/s free, 64–69 kept apart (README, Serving). Each rank takes an equal block of the cores
+53–56 tok/s free, 61–80 kept apart (README, Serving). Each rank takes an equal block of the cores
 this process may run on, in the order of its rank among the host's ranks (a remainder is left to
 the launcher); nothing is done for a rank alone on its host, with more ranks than cores, off
 Linux (macOS has no such call) or with MLX_CLUSTER_PIN=off, and only for tensor parallel ranks,
@@ -82,11 +82,9 @@ def block(index: int, ranks: int, usable: Sequence[int]) -> list[int] | None:
 def pin(job: RankJob, environ: MutableMapping[str, str]) -> list[int] | None:
     """Keep this process, and every thread it has and will start, to its block of cores; the
     block, or None when left as it was. Records the host's count in HOST_CORES_ENV."""
-    if not sys.platform.startswith("linux") or environ.get(CHOICE_ENV, "auto") == "off":
-        return None
-    if job.strategy != "tensor":
-        return None
-    if HOST_CORES_ENV in environ:  # the re-executed rank: it inherited its block
+    off = environ.get(CHOICE_ENV, "auto") == "off" or job.strategy != "tensor"
+    # HOST_CORES_ENV set: the BLAS re-execution of a rank placed already (it inherited its block)
+    if off or not sys.platform.startswith("linux") or HOST_CORES_ENV in environ:
         return None
     here = ranks_here(job)
     usable = allowed()

@@ -131,9 +131,9 @@ def _calibrate(
     if not runnable:
         click.echo("calibration: skipped, no size has a valid plan to run it on", err=True)
         return None, 0
-    sizes = sorted({c.hosts for c in runnable if c.hosts > 1} or {max(c.hosts for c in runnable)})
+    sizes = {c.hosts for c in runnable if c.hosts > 1} or {max(c.hosts for c in runnable)}
     calibration = Calibration()
-    for hosts in reversed(sizes):
+    for hosts in sorted(sizes, reverse=True):
         case = min(
             (c for c in runnable if c.hosts == hosts), key=lambda c: "tensor" not in c.strategies
         )
