@@ -226,6 +226,13 @@ def _chart_rose(page: Any, title: str) -> bool:
     return any(y < 57.5 for y in ys)
 
 
+def _step_chart(page: Any) -> tuple[str, list[str]]:
+    """The step-time chart's text and each of its lines' points, read in one go."""
+    steps = page.find_element("css selector", '[data-chart^="step time"]')
+    lines = steps.find_elements("css selector", "polyline")
+    return str(steps.text), [ln.get_attribute("points") or "" for ln in lines]
+
+
 def _latest_rate(page: Any) -> float:
     found = re.search(r"g ([\d.]+)", _chart_latest(page, "tokens/s prompt / generation"))
     return float(found.group(1)) if found else 0.0
@@ -238,8 +245,14 @@ def test_counters_and_charts_move_while_requests_run(page: Any, server: Server) 
         wait_for("generation tok/s above 0 in its chart", lambda: _latest_rate(page) > 0, 30)
         time.sleep(3)  # a few points in every chart
         screenshot(page)  # README's picture: the dashboard while requests run
-    points = page.find_element("css selector", '[data-chart^="tokens/s"] polyline')
-    assert len(points.get_attribute("points").split()) >= 2
+    points = _unstale(
+        lambda: (
+            page.find_element("css selector", '[data-chart^="tokens/s"] polyline')
+            .get_attribute("points")
+            .split()
+        )
+    )
+    assert len(points) >= 2
     generated = _metric(server, "mlx_cluster_generated_tokens_total")
     assert generated > before
     # The page ends on /metrics' own counters: the same bookkeeping, not a second one.
@@ -261,7 +274,9 @@ def test_counters_and_charts_move_while_requests_run(page: Any, server: Server) 
     assert shown.startswith(("+", "−")) and " %" in shown
     assert ("off by over 25 %" in shown) == (abs(error) > 0.25)
     for chart in ("requests running / queued", "tokens/s prompt / generation"):
-        assert _chart_rose(page, chart), f"{chart}: every point on the baseline"
+        assert _unstale(lambda c=chart: _chart_rose(page, c)), (
+            f"{chart}: every point on the baseline"
+        )
     # The draft width rank 0 chose from the step costs it measured, and that cost model: the
     # batch sizes of 1-3 clients alone give the fit its points. The page shows /metrics' own.
     wait_for("a step cost", lambda: "ms/position" in text(page, "fig-step-cost"), 15)
@@ -276,10 +291,9 @@ def test_counters_and_charts_move_while_requests_run(page: Any, server: Server) 
     per_position = _metric(server, "mlx_cluster_step_cost_per_position_seconds")
     assert 0 < fixed + per_position < 10
     # The step chart: the batch's p50 and one line per rank, each rank's own step time.
-    steps = page.find_element("css selector", '[data-chart^="step time"]')
-    assert " r0 " in f" {steps.text} " and " r1 " in f" {steps.text} ", steps.text
-    lines = steps.find_elements("css selector", "polyline")
-    assert len(lines) == 3 and all(ln.get_attribute("points") for ln in lines)
+    steps, lines = _unstale(lambda: _step_chart(page))
+    assert " r0 " in f" {steps} " and " r1 " in f" {steps} ", steps
+    assert len(lines) == 3 and all(lines), lines
     assert console_errors(page) == []
 
 
