@@ -3,7 +3,8 @@
 off, and (on one rank) mlx-lm's own server on the same BLAS, all on the real SmolLM2-135M-Instruct
 dequantized to float32, greedy, interleaved request by request.
 
-Groups: `1` (one rank: ours, ours-off, mlx-lm), `pp2` (pipeline ×2) and `tp3` (tensor ×3).
+Groups: `1` (one rank: ours, ours-off, mlx-lm), `tp2` (tensor ×2), `pp2` (pipeline ×2) and `tp3`
+(tensor ×3).
 Workloads: edit (copy a 300–800-token function back with one change), chat (nothing to copy),
 mixed (8 clients: 4 edits and 4 questions at once), prediction (edit with the original code as
 the request's `prediction`; ours only). Prints a Markdown table; --json writes every figure.
@@ -47,7 +48,9 @@ def real_model(out: Path) -> Path:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", type=Path, help="a model folder (default: SmolLM2 float32)")
-    p.add_argument("--groups", nargs="+", default=["1", "pp2", "tp3"], choices=["1", "pp2", "tp3"])
+    p.add_argument(
+        "--groups", nargs="+", default=["1", "pp2", "tp3"], choices=["1", "tp2", "pp2", "tp3"]
+    )
     p.add_argument(
         "--workloads",
         nargs="+",

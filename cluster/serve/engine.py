@@ -16,7 +16,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from cluster.serve.control import Step
 from cluster.serve.prefix_cache import PrefixCache
 from cluster.serve.sampling import Fault, guarded, request_processors, request_sampler
-from cluster.speculative.check_width import StepCost, StepCosts, choose_width
+from cluster.speculative.check_width import StepCost, StepCosts, choose_width, learning_pays
 from cluster.speculative.draft_length import FIRST_DRAFT
 from cluster.speculative.drafts import DraftCounts, Drafts
 from cluster.speculative.verify import DraftingBatch, install
@@ -204,7 +204,8 @@ class Engine:
         # A check made only to learn is short: every row pays for it (one drafted token a row
         # in a batch, a few alone).
         learn = max(1, FIRST_DRAFT // rows)
-        if width < learn and any(p.fresh and p.limit for p in prospects):
+        fresh = any(p.fresh and p.limit for p in prospects)
+        if width < learn and fresh and learning_pays(fit, prospects, rows):
             width = learn  # a new sequence's worth is learnt by asking it a few times
         elif width > 0:
             self._probe_every = PROBE_EVERY

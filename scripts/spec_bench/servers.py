@@ -38,6 +38,7 @@ def groups(names: list[str]) -> dict[str, list[Spec]]:
     """The groups asked for: each compares its servers with the same prompts, interleaved."""
     known = {
         "1": [Spec("ours", 1, "tensor"), Spec("ours-off", 1, "tensor"), Spec("mlx-lm", 1, "")],
+        "tp2": [Spec("ours", 2, "tensor"), Spec("ours-off", 2, "tensor")],
         "pp2": [Spec("ours", 2, "pipeline"), Spec("ours-off", 2, "pipeline")],
         "tp3": [Spec("ours", 3, "tensor"), Spec("ours-off", 3, "tensor")],
     }
