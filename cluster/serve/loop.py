@@ -19,6 +19,7 @@ import mlx.nn as nn
 from mlx_lm.generate import generation_stream
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from cluster import heap
 from cluster.generate import PROGRESS_EVERY_S, Emit
 from cluster.job import RankJob
 from cluster.serve import step_times
@@ -102,7 +103,7 @@ def serve(
         if job.rank == 0
         else None
     )
-    ready, last_progress = False, 0.0
+    ready, last_progress, last_trim = False, 0.0, time.monotonic()
     while True:
         payload = scheduler.decide() if scheduler is not None else None
         step = Step.decode(share(payload, group, generation_stream))
@@ -144,6 +145,9 @@ def serve(
         if scheduler is not None:
             scheduler.stats(batch=len(engine.active))
             scheduler.flush()
+        if time.monotonic() - last_trim >= heap.TRIM_EVERY_S:  # cluster/heap.py: RSS follows MLX
+            heap.give_back()
+            last_trim = time.monotonic()
         if not step.steps and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
             emit("progress", stage="decode", tokens=0, idle=True)
             last_progress = time.monotonic()

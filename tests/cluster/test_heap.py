@@ -30,13 +30,13 @@ if sys.argv[1] == "shared":
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-"""
-SCRIPT = """
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
+"""
+SCRIPT = """
 size = 8 << 20
 first = libc.malloc(size); libc.memset(first, 1, size); libc.free(first)  # a big block freed
 blocks = [libc.malloc(size) for _ in range(24)]
@@ -50,12 +50,25 @@ print(before - rss())
 # A step's transient (a batch's logits, 1.5 MiB) made, written and freed 50 times: page faults.
 STEPS = """
 import resource
-libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 size = 3 << 19
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(50):
     block = libc.malloc(size); libc.memset(block, 1, size); libc.free(block)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+# Blocks under the held threshold (a small model's KV caches) freed: kept on the heap until
+# give_back(); prints what each of the two steps gave back.
+GIVE_BACK = """
+size = 1 << 20
+blocks = [libc.malloc(size) for _ in range(96)]
+for b in blocks:
+    libc.memset(b, 1, size)
+start = rss()
+for b in blocks[:-1]:  # the last stays: the heap's top cannot shrink below it
+    libc.free(b)
+freed = rss()
+heap.give_back()
+print(start - freed, freed - rss())
 """
 # Eight threads that allocate at once, as one rank job's readers do; glibc then lists its arenas.
 ARENAS = """
@@ -103,6 +116,12 @@ def test_a_steps_transient_buffers_are_reused_not_faulted_in_each_time() -> None
     assert int(_run(STEPS, "held").stdout) < 2 * pages  # once (at most), then from the heap
     # held at glibc's starting value it was mapped, faulted in and unmapped every time
     assert int(_run(STEPS, "held at 128 KiB").stdout) > 40 * pages
+
+
+def test_freed_blocks_kept_on_the_heap_go_back_when_given_back() -> None:
+    kept, given = (int(x) for x in _run(GIVE_BACK, "held").stdout.split())
+    assert kept < 16 * MB  # under the threshold: the heap kept them
+    assert given > 64 * MB  # 95 blocks of 1 MiB went back at give_back()
 
 
 def test_threads_share_the_main_arena_only_when_asked() -> None:
