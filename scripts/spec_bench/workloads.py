@@ -3,7 +3,8 @@ tokens of code to copy, taken from this Python's own standard library, so every 
 same ones), *chat* asks open questions with nothing to copy (*chatN*: N clients at once), *mixed*
 sends both at once from 8 clients, and *prediction* is *edit* with the original code as the
 request's `prediction`. `fresh=True` takes other modules and questions, written for reporting
-after the defaults were tuned on the first set."""
+after the defaults were tuned on the first set; `held_out=True` a third set, written in session
+21 after sessions 12-20 had looked at the second one's logs, and run first for its report."""
 
 from __future__ import annotations
 
@@ -45,6 +46,28 @@ FRESH_QUESTIONS = (
     "How can a beginner start running without getting injured?",
     "What did people eat on long sea voyages three hundred years ago?",
     "Describe how a honeybee colony chooses a new home.",
+)
+# Written for session 21's report, after the second set had been looked at (issue 30).
+HELD_OUT_MODULES = ("plistlib.py", "statistics.py", "fractions.py", "poplib.py", "locale.py",
+                    "pickletools.py", "email/utils.py", "urllib/parse.py", "inspect.py",
+                    "http/cookiejar.py")  # fmt: skip
+HELD_OUT_QUESTIONS = (
+    "What happens inside a seed when it starts to grow?",
+    "Write a short diary entry of a lighthouse cat during a storm at sea.",
+    "How did people tell the time before clocks were invented?",
+    "Suggest a weekend plan for two friends visiting a small mountain village.",
+    "Explain why bread rises when it bakes, without using chemistry words.",
+    "What are good ways to keep a houseplant alive while travelling for two weeks?",
+    "Describe the sounds of a forest at night for someone who has never been in one.",
+    "Why do some birds fly south for the winter while others stay?",
+    "Give a beginner's guide to choosing a first telescope.",
+    "Write a friendly note from a neighbour asking to borrow a ladder.",
+    "How does a bicycle stay upright when it is moving?",
+    "What could a small town do to make its streets safer for children?",
+    "Tell a short fable about a tortoise who wanted to learn to swim.",
+    "Explain how glaciers carve valleys over thousands of years.",
+    "What are some quiet hobbies that help people relax after work?",
+    "Describe how a postal letter travels from one country to another.",
 )
 CHAT_MAX_TOKENS = 200
 CHAT_CLIENTS = (4, 8, 16)  # the chatN workloads
@@ -102,10 +125,16 @@ def chat(i: int, questions: tuple[str, ...] = QUESTIONS) -> Request:
     return Request("chat", [{"role": "user", "content": question}], CHAT_MAX_TOKENS)
 
 
-def workloads(tokenizer: Any, prompts: int, fresh: bool = False) -> dict[str, list[list[Request]]]:
+def workloads(
+    tokenizer: Any, prompts: int, fresh: bool = False, held_out: bool = False
+) -> dict[str, list[list[Request]]]:
     """Per workload, its rounds: each round is the requests sent at once (one per client)."""
-    questions = FRESH_QUESTIONS if fresh else QUESTIONS
-    codes = functions(tokenizer, max(prompts, 4), modules=FRESH_MODULES if fresh else MODULES)
+    questions, modules = QUESTIONS, MODULES
+    if fresh:
+        questions, modules = FRESH_QUESTIONS, FRESH_MODULES
+    if held_out:
+        questions, modules = HELD_OUT_QUESTIONS, HELD_OUT_MODULES
+    codes = functions(tokenizer, max(prompts, 4), modules=modules)
     edits = [edit(c, tokenizer, False) for c in codes]
     out = {
         "edit": [[r] for r in edits[:prompts]],
