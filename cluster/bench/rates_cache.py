@@ -27,7 +27,9 @@ from cluster.files.cache import cache_root
 from topology.host_rates import DEFAULT_KINDS
 from topology.untrusted import parse_json
 
-RATES_FORMAT = "3"  # 3: a layer's other work too (kept rates of older formats are measured again)
+# 3: a layer's other work too; 4: shaped rates as medians (kept rates of older formats are
+# measured again)
+RATES_FORMAT = "4"
 MAX_BYTES = 64 * 1024  # a few dozen numbers
 # What changes the rates besides the code: OpenBLAS's and OpenMP's thread counts.
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
