@@ -86,10 +86,15 @@ def main() -> int:
         default=["edit", "chat", "mixed", "prediction"],
         help="also chat4, chat8, chat16: that many chat clients at once",
     )
-    p.add_argument("--fresh", action="store_true", help="the prompts kept out of tuning")
-    p.add_argument(
-        "--held-out", action="store_true", help="a third set, written after --fresh was looked at"
-    )
+    prompt_set = p.add_mutually_exclusive_group()
+    prompt_set.add_argument(
+        "--fresh", dest="prompt_set", action="store_const", const="fresh", default="tuning",
+        help="the prompts kept out of tuning",
+    )  # fmt: skip
+    prompt_set.add_argument(
+        "--held-out", dest="prompt_set", action="store_const", const="held-out",
+        help="a third set, written after --fresh was looked at",
+    )  # fmt: skip
     p.add_argument("--reps", type=int, default=2)
     p.add_argument(
         "--restart", action="store_true", help="start the servers afresh each repetition"
@@ -103,7 +108,7 @@ def main() -> int:
     from mlx_lm.utils import load_tokenizer
 
     tokenizer = load_tokenizer(model)
-    every = workloads(tokenizer, args.prompts, args.fresh, args.held_out)
+    every = workloads(tokenizer, args.prompts, args.prompt_set)
     rounds = {w: every[w] for w in args.workloads if w in every}
     groups = servers.groups(args.groups)
     figures = report.Figures()

@@ -2,9 +2,9 @@
 tokens of code to copy, taken from this Python's own standard library, so every machine has the
 same ones), *chat* asks open questions with nothing to copy (*chatN*: N clients at once), *mixed*
 sends both at once from 8 clients, and *prediction* is *edit* with the original code as the
-request's `prediction`. `fresh=True` takes other modules and questions, written for reporting
-after the defaults were tuned on the first set; `held_out=True` a third set, written in session
-21 after sessions 12-20 had looked at the second one's logs, and run first for its report."""
+request's `prediction`. Three sets of modules and questions (PROMPT_SETS): `tuning`, which the
+defaults were tuned on; `fresh`, written for reporting after that; `held-out`, written in session
+21 after sessions 12-20 had looked at the fresh set's logs, and run first for its report."""
 
 from __future__ import annotations
 
@@ -69,6 +69,11 @@ HELD_OUT_QUESTIONS = (
     "What are some quiet hobbies that help people relax after work?",
     "Describe how a postal letter travels from one country to another.",
 )
+PROMPT_SETS = {
+    "tuning": (MODULES, QUESTIONS),
+    "fresh": (FRESH_MODULES, FRESH_QUESTIONS),
+    "held-out": (HELD_OUT_MODULES, HELD_OUT_QUESTIONS),
+}
 CHAT_MAX_TOKENS = 200
 CHAT_CLIENTS = (4, 8, 16)  # the chatN workloads
 
@@ -126,14 +131,10 @@ def chat(i: int, questions: tuple[str, ...] = QUESTIONS) -> Request:
 
 
 def workloads(
-    tokenizer: Any, prompts: int, fresh: bool = False, held_out: bool = False
+    tokenizer: Any, prompts: int, prompt_set: str = "tuning"
 ) -> dict[str, list[list[Request]]]:
     """Per workload, its rounds: each round is the requests sent at once (one per client)."""
-    questions, modules = QUESTIONS, MODULES
-    if fresh:
-        questions, modules = FRESH_QUESTIONS, FRESH_MODULES
-    if held_out:
-        questions, modules = HELD_OUT_QUESTIONS, HELD_OUT_MODULES
+    modules, questions = PROMPT_SETS[prompt_set]
     codes = functions(tokenizer, max(prompts, 4), modules=modules)
     edits = [edit(c, tokenizer, False) for c in codes]
     out = {
