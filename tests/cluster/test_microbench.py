@@ -8,12 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
 from paths import PYTHON
 
 from cluster import blas
+from cluster.bench.rates import best_per_call, median_per_call
 from cluster.microbench import DEFAULT_KINDS, KEY_ENV, LONE_RANK
 from topology.host_rates import ROWS, parse_rates
 
@@ -191,3 +193,20 @@ def test_the_default_run_is_kept_and_printed_again_until_fresh(tmp_path: Any) ->
     narrow = _json(_bench("--kinds", "float32", "--seconds", "0.3", env=env))
     assert list(narrow["matmul_gflops"]) == ["float32"]
     assert json.loads(kept[0].read_text())["rates"] == fresh  # a partial run is not kept
+
+
+def test_shaped_rates_take_the_median_sample_where_the_others_take_the_best() -> None:
+    """A run whose samples are mostly slow: the median sees them, the best sample does not."""
+
+    def run_with(durations: list[float]) -> Any:
+        taken = iter(durations * 100)
+
+        def run(calls: int) -> None:
+            time.sleep(next(taken))  # the whole sample, whatever its calls
+
+        return run
+
+    pattern = [0.001, 0.02, 0.02]  # one fast sample in three
+    best = best_per_call(run_with(pattern), 0.5)
+    median = median_per_call(run_with(pattern), 0.5)
+    assert median > 2 * best
