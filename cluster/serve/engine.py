@@ -200,12 +200,13 @@ class Engine:
         if not prospects:
             return None
         rows = len(self._batch.uids)
-        width = choose_width(fit, prospects, rows)
-        # A check made only to learn is short: every row pays for it (one drafted token a row
-        # in a batch, a few alone).
-        learn = max(1, FIRST_DRAFT // rows)
+        packed = self._batch.packs
+        width = choose_width(fit, prospects, rows, packed=packed)
+        # A check made only to learn is short: unless the check packs, every row pays for it
+        # (one drafted token a row in a batch, a few alone).
+        learn = FIRST_DRAFT if packed else max(1, FIRST_DRAFT // rows)
         fresh = any(p.fresh and p.limit for p in prospects)
-        if width < learn and fresh and learning_pays(fit, prospects, rows):
+        if width < learn and fresh and learning_pays(fit, prospects, rows, packed):
             width = learn  # a new sequence's worth is learnt by asking it a few times
         elif width > 0:
             self._probe_every = PROBE_EVERY

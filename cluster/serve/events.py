@@ -55,6 +55,7 @@ class LauncherEvents:
                 extra["step_cost_fixed_s"] = cost.fixed_s
                 extra["step_cost_per_position_s"] = cost.per_position_s
                 extra["step_cost_check_s"] = cost.check_s
+                extra["step_cost_check_per_position_s"] = cost.check_slope
         self.emit(
             "stats",
             running=running,

@@ -1,7 +1,8 @@
 """mlx-lm's GenerationBatch with drafts: when any sequence has a draft, one forward of the
-target checks every sequence's drafted tokens at once (rows padded to the longest draft), each
-sequence keeps the tokens its own sampler would have produced, and its cache is rewound to its
-own length. When no sequence drafts, the step is mlx-lm's own (pipelined) step.
+target checks every sequence's drafted tokens at once (rows padded to the longest draft, the
+padding not computed where the model's layers allow: packing.py), each sequence keeps the
+tokens its own sampler would have produced, and its cache is rewound to its own length. When no
+sequence drafts, the step is mlx-lm's own (pipelined) step.
 
 Exact by construction: each position's token is drawn the way the plain step draws it — the
 same processors over the same context, the same sampler, whose key advances once per emitted
@@ -18,6 +19,7 @@ import numpy as np
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import make_prompt_cache
 
+from cluster.speculative import packing
 from cluster.speculative.drafts import Drafts
 from cluster.speculative.rewind import RowOrder, ordered_rows, rewind_rows, rewindable
 
@@ -30,12 +32,15 @@ CHECK_POSITIONS = 16
 
 class DraftingBatch(GenerationBatch):
     drafts: Drafts | None = None  # set by the engine; None: never drafts
+    packs = False  # whether a check computes only its real positions (packing.py)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.order = RowOrder()
         self.width: int | None = None  # drafted tokens a forward checks (None: CHECK_POSITIONS)
-        self.positions = 0  # what the last step's forward read: rows x (width + 1)
+        # What the last step's forward computed: rows x (width + 1) positions, or when it packs,
+        # each row's own (its pending token and its draft).
+        self.positions = 0
         self.rows = 0  # the rows of the last step
         self.checked = False  # whether it checked drafts
 
@@ -62,7 +67,11 @@ class DraftingBatch(GenerationBatch):
         if drafts is None:
             self.positions, self.checked = len(self.uids), False
             return super().next()
-        self.positions, self.checked = len(self.uids) * (max(len(d) for d in drafts) + 1), True
+        self.checked = True
+        if self.packs:
+            self.positions = sum(len(d) + 1 for d in drafts)
+        else:
+            self.positions = len(self.uids) * (max(len(d) for d in drafts) + 1)
         return self._check(drafts)
 
     def _propose(self) -> list[list[int]] | None:
@@ -97,7 +106,13 @@ class DraftingBatch(GenerationBatch):
         pending = _ints(self._next_tokens)
         width = max(len(d) for d in drafts)
         rows = [[p, *d] + [p] * (width - len(d)) for p, d in zip(pending, drafts, strict=True)]
-        logits = self.model(mx.array(rows, dtype=self._next_tokens.dtype), cache=self.prompt_cache)
+        inputs = mx.array(rows, dtype=self._next_tokens.dtype)
+        lengths = [len(d) + 1 for d in drafts]
+        if self.packs and min(lengths) <= width:
+            with packing.only(lengths, width + 1):
+                logits = self.model(inputs, cache=self.prompt_cache)
+        else:
+            logits = self.model(inputs, cache=self.prompt_cache)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         greedy = mx.argmax(logprobs, axis=-1)
         mx.eval(greedy, logprobs)
@@ -222,5 +237,6 @@ def install(gen: BatchGenerator, drafts: Drafts | None = None) -> Drafts | None:
         return None
     batch = DraftingBatch.empty(gen.model, gen.sampler)
     batch.drafts = drafts or Drafts()
+    batch.packs = packing.install(gen.model)
     gen._generation_batch = batch
     return batch.drafts

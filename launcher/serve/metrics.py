@@ -102,6 +102,11 @@ class ServeMetrics:
             PREFIX + "step_cost_check_seconds",
             "Measured step cost: what checking drafts adds to a step", registry=r,
         )  # fmt: skip
+        self.step_cost_check_per_position = Gauge(
+            PREFIX + "step_cost_check_per_position_seconds",
+            "Measured step cost: seconds per position a checking forward computes",
+            registry=r,
+        )  # fmt: skip
         self.ttft = Histogram(
             PREFIX + "time_to_first_token_seconds", "Submit to first generated text",
             buckets=TTFT_BUCKETS, registry=r,
@@ -250,6 +255,7 @@ class ServeMetrics:
             (self.step_cost_fixed, "step_cost_fixed_s"),
             (self.step_cost_per_position, "step_cost_per_position_s"),
             (self.step_cost_check, "step_cost_check_s"),
+            (self.step_cost_check_per_position, "step_cost_check_per_position_s"),
         ):
             value = event.get(key)
             if isinstance(value, int | float) and not isinstance(value, bool):

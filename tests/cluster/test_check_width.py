@@ -78,7 +78,13 @@ def test_a_forward_never_gets_cheaper_with_width() -> None:
         costs.record(1, 0.030)
         costs.record(2, 0.029)  # noise
     fit = costs.fit()
-    assert fit == StepCost(pytest.approx(0.0295), 0.0, measured_positions=2)
+    assert fit is not None
+    assert (fit.fixed_s, fit.per_position_s, fit.check_s, fit.measured_positions) == (
+        pytest.approx(0.0295),
+        0.0,
+        0.0,
+        2,
+    )
 
 
 def test_nothing_to_copy_means_plain_steps() -> None:
@@ -108,6 +114,52 @@ def test_a_compute_bound_batch_checks_less_as_rows_grow() -> None:
     # where every position costs a third of a step, what a check of 8 rows gains is within
     # the margin a check must promise: plain steps
     assert choose_width(CPU, [good] * 8, rows=8) == 0
+
+
+def test_checks_measured_widely_get_a_line_of_their_own() -> None:
+    """Packed checks of SmolLM2 on the CPU, 8 rows of long contexts: a position a check adds
+    costs far more than a plain step's row (it attends over the whole context through the
+    general kernel), so one slope through both made a plain step of 8 rows look 18 % dearer
+    than it was and checks that lost look as if they paid. Plain steps at a measured row count
+    are priced by their own mean."""
+    costs = StepCosts()
+    for _ in range(5):
+        costs.record(8, 0.125)
+        costs.record(2, 0.087)
+        for positions in (10, 14, 18, 22):
+            costs.record(positions, 0.055 + 0.0155 * positions, checked=True)
+    fit = costs.fit()
+    assert fit is not None
+    assert fit.check_slope == pytest.approx(0.0155)
+    assert fit.seconds(8, False) == pytest.approx(0.125)
+    assert fit.seconds(16, True) == pytest.approx(0.055 + 0.0155 * 16)
+    edit = Prospect(rate=0.99, limit=8, found=1.0)
+    chat = Prospect(rate=0.5, limit=2, found=0.05)
+    # four edits and four chats at 8 rows: 8 + ~27 tokens for ~0.6 s do not beat 8 in 0.125 s
+    # (the one slope said 0.147 s, and chose 7)
+    assert choose_width(fit, [edit] * 4 + [chat] * 4, rows=8, packed=True) == 0
+    # one edit alone: a check of 9 positions (0.195 s, ~6 tokens) beats a plain step
+    costs.record(1, 0.07)
+    costs.record(1, 0.07)
+    costs.record(1, 0.07)
+    assert choose_width(costs.fit() or fit, [edit], rows=1, packed=True) >= 4
+
+
+def test_a_check_that_packs_pays_for_the_rows_that_draft_only() -> None:
+    """Four edits with drafts that hold and four chats with nothing to copy, on the CPU: padded,
+    every chat pays for the edits' width, and plain steps win; packed, a chat costs its one
+    position and the edits check wide."""
+    edit = Prospect(rate=0.9, limit=8, found=1.0)
+    chat = Prospect(rate=0.5, limit=2, found=0.0)
+    mixed = [edit] * 4 + [chat] * 4
+    assert choose_width(CPU_BATCH, mixed, rows=8) <= 1
+    assert choose_width(CPU_BATCH, mixed, rows=8, packed=True) >= 4
+    # with nothing to copy anywhere, packing changes nothing: plain steps
+    assert choose_width(CPU_BATCH, [chat] * 8, rows=8, packed=True) == 0
+    # a packed check is priced by the positions it computes: a width past every sequence's own
+    # limit adds nothing, so the narrower of equal widths is kept
+    short = Prospect(rate=0.9, limit=3, found=1.0)
+    assert choose_width(MAC, [short] * 8, rows=8, packed=True) == 3
 
 
 def test_a_newcomer_is_asked_only_where_its_drafts_could_pay() -> None:

@@ -290,6 +290,8 @@ def test_counters_and_charts_move_while_requests_run(page: Any, server: Server) 
     fixed = _metric(server, "mlx_cluster_step_cost_fixed_seconds")
     per_position = _metric(server, "mlx_cluster_step_cost_per_position_seconds")
     assert 0 < fixed + per_position < 10
+    # a check's own slope, once checks are measured widely (else the plain steps' slope)
+    assert _metric(server, "mlx_cluster_step_cost_check_per_position_seconds") >= per_position
     # The step chart: the batch's p50 and one line per rank, each rank's own step time.
     steps, lines = _unstale(lambda: _step_chart(page))
     assert " r0 " in f" {steps} " and " r1 " in f" {steps} ", steps

@@ -180,6 +180,9 @@ class DashboardState:
                 "step_cost_fixed_s": _get(s, "step_cost_fixed_seconds"),
                 "step_cost_per_position_s": _get(s, "step_cost_per_position_seconds"),
                 "step_cost_check_s": _get(s, "step_cost_check_seconds"),
+                "step_cost_check_per_position_s": _get(
+                    s, "step_cost_check_per_position_seconds"
+                ),
             },
             "tok_s": {
                 "measured": rates["generation_tps"], "per_sequence": per_sequence,

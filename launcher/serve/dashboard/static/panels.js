@@ -58,13 +58,16 @@ const MLXPanels = (() => {
       el("div", { class: "label" }, label));
   }
 
-  // The measured step-cost model rank 0 chooses the draft width from: fixed + per position.
+  // The measured step-cost model rank 0 chooses the draft width from: fixed + per position,
+  // and a check's own line (what it adds, per position it computes).
   function stepCost(sp) {
     if (!sp.step_cost_fixed_s && !sp.step_cost_per_position_s) return "–";
     const f = (sp.step_cost_fixed_s * 1000).toFixed(1);
     const p = (sp.step_cost_per_position_s * 1000).toFixed(2);
     const c = (sp.step_cost_check_s * 1000).toFixed(1);
-    return `${f} ms + ${p} ms/position (+${c} ms a check)`;
+    const cp = ((sp.step_cost_check_per_position_s ?? sp.step_cost_per_position_s) * 1000)
+      .toFixed(2);
+    return `${f} ms + ${p} ms/position (a check: ${c} ms more, ${cp} ms/position)`;
   }
 
   function serving(figRoot, chartRoot, rankRoot, s) {
