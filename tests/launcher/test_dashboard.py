@@ -239,6 +239,8 @@ def _latest_rate(page: Any) -> float:
 
 
 def test_counters_and_charts_move_while_requests_run(page: Any, server: Server) -> None:
+    # the counters are drawn once the first stats arrive (later on a busy machine)
+    wait_for("the counters", lambda: bool(page.find_elements("id", "fig-generated")), 30)
     before = _unstale(lambda: _number(page, "fig-generated"))
     with Load(server, 3):
         wait_for("running ≥ 1 on the page", lambda: _number(page, "fig-running") >= 1, 30)
