@@ -19,6 +19,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+Sdpa = Callable[..., mx.array]
 Calls = tuple[tuple[int, int], ...]  # (query heads, KV heads) of each block, in head order
 
 _running = threading.local()  # the blocks of the layer being built on this thread, if any
@@ -26,12 +27,22 @@ _running = threading.local()  # the blocks of the layer being built on this thre
 
 def install(attn: nn.Module, calls: Sequence[tuple[int, int]]) -> None:
     """Make this attention layer run its heads as these blocks."""
-    module = sys.modules[type(attn).__module__]
-    sdpa = getattr(module, "scaled_dot_product_attention")  # noqa: B009 (a family's import)
-    if not getattr(sdpa, "splits_blocks", False):
-        setattr(module, "scaled_dot_product_attention", _split(sdpa))  # noqa: B010
+    wrap_family_sdpa(attn, _split, "splits_blocks")
     # A subclass, not an attribute: nn.Module keeps attributes in its parameter tree.
     attn.__class__ = _blocked(type(attn), tuple(calls))
+
+
+def wrap_family_sdpa(attn: nn.Module, wrap: Callable[[Sdpa], Sdpa], marker: str) -> None:
+    """Replace the `scaled_dot_product_attention` that the family module of `attn` calls with
+    wrap(it), once per marker (wrappers keep the markers of what they wrap)."""
+    module = sys.modules[type(attn).__module__]
+    sdpa = getattr(module, "scaled_dot_product_attention", None)
+    if sdpa is None or getattr(sdpa, marker, False):
+        return
+    wrapped = wrap(sdpa)
+    wrapped.__dict__.update(sdpa.__dict__)
+    setattr(wrapped, marker, True)
+    setattr(module, "scaled_dot_product_attention", wrapped)  # noqa: B010
 
 
 @cache
@@ -75,7 +86,6 @@ def _split(sdpa: Callable[..., mx.array]) -> Callable[..., mx.array]:
             q0, k0 = q0 + nq, k0 + nk
         return mx.concatenate(outs, axis=1)
 
-    scaled_dot_product_attention.splits_blocks = True  # type: ignore[attr-defined]
     return scaled_dot_product_attention
 
 

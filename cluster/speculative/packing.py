@@ -16,15 +16,16 @@ Every rank packs alike: the drafts, and so the positions, are the same on all of
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from cluster.attention_blocks import Sdpa, wrap_family_sdpa
 
 FEED_FORWARD = ("mlp", "feed_forward", "block_sparse_moe")  # the families' names for it
 ATTENTION = ("self_attn", "attention", "attn")
@@ -54,10 +55,7 @@ def install(model: nn.Module) -> bool:
             for proj in PROJECTIONS:
                 if isinstance(getattr(attn, proj, None), nn.Module):
                     _pack(getattr(attn, proj), "__call__")
-            family = sys.modules[type(attn).__module__]
-            sdpa = getattr(family, "scaled_dot_product_attention", None)
-            if sdpa is not None and not getattr(sdpa, "splits_rows", False):
-                setattr(family, "scaled_dot_product_attention", _by_length(sdpa))  # noqa: B010
+            wrap_family_sdpa(attn, _by_length, "splits_rows")
     _pack(*head)
     return True
 
@@ -104,24 +102,21 @@ def _packing(base: type, method: str) -> type:
     return type(f"Packing{base.__name__}", (base,), {method: call, "packs": True})
 
 
-def _by_length(sdpa: Callable[..., mx.array]) -> Callable[..., mx.array]:
+def _by_length(sdpa: Sdpa) -> Sdpa:
+    # mlx-lm's signature: (queries, keys, values, cache, scale, mask, sinks=None); families
+    # pass scale and mask by name (gpt-oss passes scale by position: it never drafts).
     def scaled_dot_product_attention(
-        queries: mx.array,
-        keys: Any,
-        values: Any,
-        cache: Any,
-        scale: float,
-        mask: Any,
-        sinks: mx.array | None = None,
+        queries: mx.array, keys: Any, values: Any, cache: Any, *args: Any, **kw: Any
     ) -> mx.array:
-        runs = getattr(_current, "runs", None)
+        runs: list[tuple[int, int, int]] | None = getattr(_current, "runs", None)
+        mask: Any = kw.get("mask")
         batch, _, length, _ = queries.shape
-        if runs is None or (batch, length) != _current.rows[:2] or not _cuttable(mask):
-            return sdpa(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+        if args or runs is None or (batch, length) != _current.rows[:2] or not _cuttable(mask):
+            return sdpa(queries, keys, values, cache, *args, **kw)
         # Runs of neighbouring rows, sliced: a gather of rows would copy their whole cache. A
         # run's queries are its first n positions, and its keys end with the n-th (a causal
         # mask aligns the last query with the last key).
-        outs = []
+        outs: list[mx.array] = []
         for start, stop, n in runs:
             end = _length(keys) - (length - n)
             if isinstance(mask, mx.array):
@@ -133,9 +128,7 @@ def _by_length(sdpa: Callable[..., mx.array]) -> Callable[..., mx.array]:
                 _rows(keys, start, stop, end),
                 _rows(values, start, stop, end),
                 cache,
-                scale=scale,
-                mask=cut,
-                sinks=sinks,
+                **{**kw, "mask": cut},
             )
             if n < length:
                 pad = mx.zeros((*out.shape[:2], length - n, out.shape[3]), dtype=out.dtype)
@@ -143,7 +136,6 @@ def _by_length(sdpa: Callable[..., mx.array]) -> Callable[..., mx.array]:
             outs.append(out)
         return mx.concatenate(outs) if len(outs) > 1 else outs[0]
 
-    scaled_dot_product_attention.splits_rows = True  # type: ignore[attr-defined]
     return scaled_dot_product_attention
 
 
