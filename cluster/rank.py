@@ -28,6 +28,7 @@ from dataclasses import asdict
 from typing import Any, TextIO
 
 from cluster import blas, heap, host_cores, transformers_table
+from cluster.event_writer import EventWriter
 from cluster.job import RankJob, event_line
 from topology.errors import InputError
 
@@ -36,10 +37,11 @@ EXIT_TERMINATED = 128 + 15  # as a shell reports a SIGTERM
 
 
 class Reporter:
-    """Event lines on stderr (one writer at a time) and what the heartbeat says."""
+    """Event lines on stderr (one writer at a time, the guard included) and what the heartbeat
+    says."""
 
-    def __init__(self, stream: TextIO, rank: int) -> None:
-        self.stream, self.rank = stream, rank
+    def __init__(self, stream: TextIO, writer: EventWriter, rank: int) -> None:
+        self.stream, self.writer, self.rank = stream, writer, rank
         self.lock = threading.Lock()
         self.stage = "starting"
         self.last_progress = time.monotonic()
@@ -53,8 +55,8 @@ class Reporter:
         line = event_line(event, **{"rank": self.rank, **data})
         with self.lock:
             try:
-                self.stream.write(line)
-                self.stream.flush()
+                self.stream.flush()  # stray text written before the event comes first
+                self.writer.write(line)
             except (OSError, ValueError):  # nobody is reading any more
                 pass
 
@@ -137,15 +139,21 @@ def _read_job_line() -> str:
 _GUARD: list[subprocess.Popen[bytes]] = []  # kept referenced for the rank's lifetime
 
 
-def _start_guard(job: RankJob) -> None:
+def _start_guard(job: RankJob, writer: EventWriter) -> None:
     """Start cluster/rank_guard.py on our stdin; our fd 0 becomes its relay."""
     relay_r, relay_w = os.pipe()
-    config = {"rank": job.rank, "orphan_s": job.orphan_timeout_s, "links": job.links}
+    config = {
+        "rank": job.rank,
+        "orphan_s": job.orphan_timeout_s,
+        "links": job.links,
+        "events_lock_fd": writer.lock_fd,
+    }
     _GUARD.append(
         subprocess.Popen(
             [sys.executable, "-m", "cluster.rank_guard", str(os.getpid()), json.dumps(config)],
             stdin=0,
             stdout=relay_w,
+            pass_fds=(writer.lock_fd,),
         )
     )
     os.close(relay_w)
@@ -216,9 +224,10 @@ def main() -> int:
         return EXIT_INPUT
     heap.return_freed_buffers()  # before MLX allocates: RSS then follows what MLX holds
     transformers_table.install()  # before mlx-lm imports transformers: half its import CPU
-    _start_guard(job)
+    writer = EventWriter.create()
+    _start_guard(job, writer)
     stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    reporter = Reporter(stderr, job.rank)
+    reporter = Reporter(stderr, writer, job.rank)
     # SIGTERM is the launcher's "stop now": unwind like Ctrl-C (MLX and the RDMA resources are
     # released on the way out); a rank stuck inside a collective gets SIGKILL after the grace.
     signal.signal(signal.SIGTERM, _terminated)

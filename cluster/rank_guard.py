@@ -13,7 +13,8 @@ stdin to this small process (no MLX in it), which:
   * says it is alive (`guard`) every GUARD_EVERY_S, so the launcher can tell a frozen rank on a
     live host from a host that is gone.
 
-argv: RANK_PID CONFIG_JSON ({"rank", "orphan_s", "links": [...]}: cluster/job.py). stdin = the
+argv: RANK_PID CONFIG_JSON ({"rank", "orphan_s", "links": [...], "events_lock_fd"}: cluster/job.py,
+cluster/event_writer.py). stdin = the
 launcher's pipe, stdout = the rank's new stdin, stderr = the rank's stderr (event lines).
 """
 
@@ -30,6 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from cluster.event_writer import GUARD_WAIT_S, EventWriter
 from cluster.job import event_line
 
 EOF_GRACE_S = 2.0  # the rank exits by itself on EOF (code 3) unless its GIL is held
@@ -60,9 +62,16 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+_WRITER: list[EventWriter] = []  # set in main: the rank's lock on its stderr
+
+
 def _say(event: str, **fields: Any) -> None:
-    with contextlib.suppress(OSError):  # one write of one line: never torn by the rank's own
-        os.write(2, event_line(event, **fields).encode())
+    line = event_line(event, **fields)
+    with contextlib.suppress(OSError):  # never inside one of the rank's own lines
+        if _WRITER:
+            _WRITER[0].write(line, wait_s=GUARD_WAIT_S)
+        else:
+            os.write(2, line.encode())
 
 
 def _gone(pid: int) -> bool:
@@ -225,6 +234,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rank's stop, not ours: we follow it
     rank_pid, config = int(sys.argv[1]), json.loads(sys.argv[2])
     rank = int(config["rank"])
+    if config.get("events_lock_fd") is not None:
+        _WRITER.append(EventWriter(int(config["events_lock_fd"])))
     return guard(rank_pid, rank, float(config["orphan_s"]), Links(rank, config["links"]))
 
 

@@ -10,10 +10,12 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
-from cluster.job import parse_event
+from cluster.event_writer import EventWriter
+from cluster.job import event_line, parse_event
 
 LOOPBACK = "127.0.0.1"
 
@@ -120,3 +122,51 @@ subprocess.Popen([sys.executable, "-m", "cluster.rank_guard", str(os.getpid()), 
 sys.stderr.write("guarded\\n"); sys.stderr.flush()
 time.sleep(60)
 """
+
+
+def _long_lines_beside_the_guard(lock: bool) -> tuple[int, int, list[bytes]]:
+    """This process writes long event lines, as a rank with a result does, on the pipe the guard
+    says `guard` on; a slow reader lets the pipe fill mid-line. Returns (long lines whole,
+    guard lines whole, torn lines)."""
+    read_fd, write_fd = os.pipe()
+    writer = EventWriter.create()
+    writer.out_fd = write_fd
+    config: dict[str, Any] = {"rank": 0, "orphan_s": 0.0, "links": []}
+    if lock:
+        config["events_lock_fd"] = writer.lock_fd
+    guard = subprocess.Popen(
+        [sys.executable, "-m", "cluster.rank_guard", str(os.getpid()), json.dumps(config)],
+        stdin=subprocess.PIPE,
+        stderr=write_fd,
+        pass_fds=(writer.lock_fd,),
+    )
+    got: list[bytes] = []
+
+    def read() -> None:
+        while chunk := os.read(read_fd, 4096):
+            got.append(chunk)
+            time.sleep(0.0005)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        end = time.monotonic() + 3.5  # the guard speaks every second
+        while time.monotonic() < end:
+            writer.write(event_line("result", rank=0, logits=[0.125] * 40_000))
+    finally:
+        _stop(guard)
+        os.close(write_fd)
+        reader.join(10)
+        os.close(read_fd)
+    lines = b"".join(got).split(b"\n")[:-1]
+    events = [parse_event(line.decode()) for line in lines]
+    torn = [line[:80] for line, e in zip(lines, events, strict=True) if e is None]
+    named = [e["event"] for e in events if e is not None]
+    return named.count("result"), named.count("guard"), torn
+
+
+def test_the_guards_lines_never_land_inside_the_ranks_long_ones() -> None:
+    """Seen in CI: a `guard` line written into the middle of rank 0's result line, which a pipe
+    does not keep whole beyond 4 KiB."""
+    results, guards, torn = _long_lines_beside_the_guard(lock=True)
+    assert torn == [] and results > 10 and guards >= 2, (results, guards, torn)
