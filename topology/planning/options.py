@@ -72,7 +72,7 @@ def rank_rates(spec: ModelSpec, slots: Sequence[Slot], rows: int = 1) -> list[Ra
         layer_s, exp_s = s.layer_costs(kind) or (0.0, 0.0)
         memory = s.rates is None or s.rates.device != "cpu"
         own = s.gflops(activations, rows) if activations != kind else None
-        out.append(RankRate(s.gflops(kind, rows), memory, layer_s, exp_s, own))
+        out.append(RankRate(s.gflops(kind, rows), memory, layer_s, exp_s, own, s.crowding()))
     return out
 
 

@@ -43,6 +43,12 @@ class Slot:
         together = not self.computes_alone
         return self.rates.shared_gflops(kind, rows, self.ranks_here, together)
 
+    def crowding(self) -> tuple[float, float]:
+        """(fair, whole) slowdown of this rank's work by the ranks sharing its host's cores."""
+        if self.rates is None:
+            return 1.0, 1.0
+        return self.rates.crowding(self.ranks_here, not self.computes_alone)
+
     def layer_costs(self, kind: str) -> tuple[float, float] | None:
         """This rank's seconds of a layer's small ops and per exp-type element (a CPU's)."""
         if self.rates is None:

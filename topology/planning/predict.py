@@ -41,6 +41,11 @@ def stage_read_bytes(spec: ModelSpec, layers: tuple[int, int], context: int) -> 
 
 
 PREFILL_CHUNK = 512  # rows a prefill step runs (and the microbenchmark's largest row count)
+# How long a crowded CPU core runs one rank's piece before another's: a piece this short or
+# shorter runs to its end. Measured here (3 ranks on 2 cores, a chain of share matmuls with
+# all-reduces): pieces of 5 and 19 ms took 1.86x and 1.75x their time alone, pieces under
+# 1.5 ms 2.0x; n / c alone would be 1.5x. README, Planning: held to it.
+SCHEDULER_SLICE_S = 0.006
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,20 @@ class RankRate:
     # model's run at its float rate, not its weights' (on a CPU 2.3 against 158 GFLOP/s for
     # float32 activations); None: the weights' rate.
     activation_gflops: float | None = None
+    # (fair, whole): how many times its time alone this rank's work takes where more ranks
+    # than cores compute at once (host_rates.HostRates.crowding); the rates hold the fair one.
+    crowding: tuple[float, float] = (1.0, 1.0)
+
+    def waits_s(self, busy: float, pieces: int) -> float:
+        """What `pieces` pieces of work between all-reduces (`busy` seconds at the fair share)
+        wait beyond that share on crowded cores. A piece within the scheduler's slice runs to
+        its end on one core, so n pieces on c cores end after ceil(n / c) of them; a longer one
+        is cut into slices shared evenly and waits only for about one slice."""
+        fair, whole = self.crowding
+        if whole <= fair or pieces <= 0 or busy <= 0:
+            return 0.0
+        alone = busy / fair / pieces
+        return pieces * (whole - fair) * min(alone, SCHEDULER_SLICE_S)
 
     def other_s(self, layers: int, exp_elements: float, rows: int) -> float:
         """Seconds a step of `rows` spends besides matmuls in `layers` layers whose exp-type
@@ -91,14 +110,15 @@ def tensor_phases(
 ) -> list[list[float]]:
     """Per phase (attention, MLP, head), each rank's predicted seconds for a step of `rows`."""
     rates = rates or [RankRate()] * len(costs)
-    return [
-        [
-            busy_s(m, c.flops[i], g, rows, c.activation_flops if i == 0 else 0.0)
-            + g.other_s(c.layers if i == 0 else 0, c.exp_elements[i], rows)
-            for m, c, g in zip(phase, costs, rates, strict=True)
-        ]
-        for i, phase in enumerate(phase_seconds(costs, bandwidths_gbs))
-    ]
+    out = []
+    for i, phase in enumerate(phase_seconds(costs, bandwidths_gbs)):
+        times = []
+        for m, c, g in zip(phase, costs, rates, strict=True):
+            t = busy_s(m, c.flops[i], g, rows, c.activation_flops if i == 0 else 0.0)
+            t += g.other_s(c.layers if i == 0 else 0, c.exp_elements[i], rows)
+            times.append(t + g.waits_s(t, c.layers if i < 2 else 1))  # the head: one piece
+        out.append(times)
+    return out
 
 
 def tensor_seconds(
