@@ -394,9 +394,12 @@ def plan_local(
     ]
     rates = host.rates
     if rates is not None and rates.device == "cpu" and n > rates.threads:
+        whole = rates.crowding(n)[1]
         notes.append(
             f"{n} ranks share {rates.threads} cores: each computes {rates.threads}/{n} of the "
-            "time, and a rank waiting on another cannot make it go faster"
+            "time, and a rank waiting on another cannot make it go faster; a tensor rank's "
+            f"short work between two all-reduces runs to its end on one core ({whole:g}x its "
+            "time alone, not the even share)"
         )
     # Pipeline stages take turns: the one computing has the memory bandwidth and its cores to
     # itself (measured here: pipeline x2 and x3 decode at 0.9x one rank, not at half of it).
