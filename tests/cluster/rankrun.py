@@ -7,6 +7,7 @@ stderr are read by threads so a test can wait for events while the ranks run.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -25,14 +26,29 @@ from cluster.job import RankJob, parse_event
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_NEXT_PORT = itertools.count()
+PORTS_PER_WORKER = 2000
+
+
 def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    """Ports for a ring's ranks, below the ephemeral range (32768 up on Linux), in a block of
+    this pytest worker's own: a port taken from the ephemeral range could be handed to another
+    test's outgoing connection, or to another worker, before the rank bound it, and its ring
+    then broke at the first send (seen in CI: errno 32 on 3 uneven ranks)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    base = 20000 + PORTS_PER_WORKER * (int(worker) % 6 if worker.isdigit() else 0)
+    ports: list[int] = []
+    for _ in range(2 * PORTS_PER_WORKER):
+        if len(ports) == n:
+            return ports
+        port = base + next(_NEXT_PORT) % PORTS_PER_WORKER
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use, or lingering from an earlier ring
+                continue
+        ports.append(port)
+    raise RuntimeError(f"no free ports in {base}..{base + PORTS_PER_WORKER - 1}")
 
 
 def host_job(n: int = 2, rank: int = 0, ips: list[str] | None = None, **kw: Any) -> RankJob:
