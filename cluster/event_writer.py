@@ -18,7 +18,9 @@ GUARD_WAIT_S = 1.0  # the guard writes anyway after this: a rank stuck mid-write
 
 
 class EventWriter:
-    def __init__(self, lock_fd: int, out_fd: int = 2) -> None:
+    """Event lines to `out_fd`, each under the lock on `lock_fd` (None: no lock to share)."""
+
+    def __init__(self, lock_fd: int | None, out_fd: int = 2) -> None:
         self.lock_fd, self.out_fd = lock_fd, out_fd
 
     @classmethod
@@ -35,10 +37,12 @@ class EventWriter:
             while data:  # os.write may take part of a long line
                 data = data[os.write(self.out_fd, data) :]
         finally:
-            if locked:
+            if locked and self.lock_fd is not None:
                 fcntl.lockf(self.lock_fd, fcntl.LOCK_UN)
 
     def _lock(self, wait_s: float | None) -> bool:
+        if self.lock_fd is None:
+            return False
         if wait_s is None:
             fcntl.lockf(self.lock_fd, fcntl.LOCK_EX)
             return True

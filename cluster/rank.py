@@ -153,7 +153,7 @@ def _start_guard(job: RankJob, writer: EventWriter) -> None:
             [sys.executable, "-m", "cluster.rank_guard", str(os.getpid()), json.dumps(config)],
             stdin=0,
             stdout=relay_w,
-            pass_fds=(writer.lock_fd,),
+            pass_fds=() if writer.lock_fd is None else (writer.lock_fd,),
         )
     )
     os.close(relay_w)

@@ -62,16 +62,12 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-_WRITER: list[EventWriter] = []  # set in main: the rank's lock on its stderr
+_writer = EventWriter(None)  # main() gives it the rank's lock on their shared stderr
 
 
 def _say(event: str, **fields: Any) -> None:
-    line = event_line(event, **fields)
     with contextlib.suppress(OSError):  # never inside one of the rank's own lines
-        if _WRITER:
-            _WRITER[0].write(line, wait_s=GUARD_WAIT_S)
-        else:
-            os.write(2, line.encode())
+        _writer.write(event_line(event, **fields), wait_s=GUARD_WAIT_S)
 
 
 def _gone(pid: int) -> bool:
@@ -234,8 +230,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the rank's stop, not ours: we follow it
     rank_pid, config = int(sys.argv[1]), json.loads(sys.argv[2])
     rank = int(config["rank"])
+    global _writer
     if config.get("events_lock_fd") is not None:
-        _WRITER.append(EventWriter(int(config["events_lock_fd"])))
+        _writer = EventWriter(int(config["events_lock_fd"]))
     return guard(rank_pid, rank, float(config["orphan_s"]), Links(rank, config["links"]))
 
 

@@ -72,7 +72,7 @@ class HostRates:
             return lone
         if self.device != "cpu":
             return lone / ranks if together else lone
-        time_share = min(1.0, self.threads / ranks) if together else 1.0
+        time_share = 1.0 / self.crowding(ranks, together)[0]
         one = _between(self.one_thread_gflops.get(kind, {}), rows)
         if one is None or self.threads <= 1:
             return lone * time_share
@@ -100,15 +100,15 @@ class HostRates:
         dtype = activation_dtype(kind)
         if self.device != "cpu" or dtype not in self.layer_us or dtype not in self.exp_ns:
             return None
-        crowding = max(1.0, ranks / self.threads) if together else 1.0
+        fair = self.crowding(ranks, together)[0]
         # A process builds the next step's graph while a spare core evaluates this one; with no
         # core to spare (its BLAS threads and the other ranks take them all) it does both in
         # turn: a bfloat16 or 4-bit 8-layer model pinned to one core here decodes 3.2 ms a token
         # slower, about its layers' layer_us.
         blas = max(1, self.threads // ranks) if kind in self.one_thread_gflops else 1
         turns = 2.0 if ranks * blas >= self.threads else 1.0
-        layer_s = self.layer_us[dtype] * 1e-6 * crowding * turns
-        return layer_s, self.exp_ns[dtype] * 1e-9 * crowding
+        layer_s = self.layer_us[dtype] * 1e-6 * fair * turns
+        return layer_s, self.exp_ns[dtype] * 1e-9 * fair
 
     def to_json(self) -> dict[str, Any]:
         return {
