@@ -10,11 +10,11 @@ mixed (8 clients: 4 edits and 4 questions at once), prediction (edit with the or
 the request's `prediction`; ours only). Prints a Markdown table; --json writes every figure.
 
     .venv/bin/python scripts/bench_speculative.py --groups 1 pp2 tp3 --reps 3
-        [--fresh | --held-out] [--restart]
+        [--fresh | --held-out | --unseen] [--restart]
 
---fresh and --held-out take prompt sets kept out of tuning (spec_bench/workloads.py); --restart
-starts every server afresh for each repetition, so a process's own speed (two identical servers
-here differ by up to 9 %) is not repeated in every repetition.
+--fresh, --held-out and --unseen take prompt sets kept out of tuning (spec_bench/workloads.py);
+--restart starts every server afresh for each repetition, so a process's own speed (two
+identical servers here differ by up to 9 %) is not repeated in every repetition.
 """
 
 from __future__ import annotations
@@ -94,6 +94,10 @@ def main() -> int:
     prompt_set.add_argument(
         "--held-out", dest="prompt_set", action="store_const", const="held-out",
         help="a third set, written after --fresh was looked at",
+    )  # fmt: skip
+    prompt_set.add_argument(
+        "--unseen", dest="prompt_set", action="store_const", const="unseen",
+        help="a fourth set, written after --held-out had been run in four sessions",
     )  # fmt: skip
     p.add_argument("--reps", type=int, default=2)
     p.add_argument(

@@ -2,9 +2,10 @@
 tokens of code to copy, taken from this Python's own standard library, so every machine has the
 same ones), *chat* asks open questions with nothing to copy (*chatN*: N clients at once), *mixed*
 sends both at once from 8 clients, and *prediction* is *edit* with the original code as the
-request's `prediction`. Three sets of modules and questions (PROMPT_SETS): `tuning`, which the
+request's `prediction`. Four sets of modules and questions (PROMPT_SETS): `tuning`, which the
 defaults were tuned on; `fresh`, written for reporting after that; `held-out`, written in session
-21 after sessions 12-20 had looked at the fresh set's logs, and run first for its report."""
+21 after sessions 12-20 had looked at the fresh set's logs, and run first for its report;
+`unseen`, written in session 24 after the held-out set had been run in four sessions."""
 
 from __future__ import annotations
 
@@ -69,10 +70,32 @@ HELD_OUT_QUESTIONS = (
     "What are some quiet hobbies that help people relax after work?",
     "Describe how a postal letter travels from one country to another.",
 )
+# Written for session 24's report, after the held-out set had been run in four sessions.
+UNSEEN_MODULES = ("quopri.py", "base64.py", "heapq.py", "posixpath.py", "gzip.py", "uuid.py",
+                  "tempfile.py", "dis.py", "functools.py", "ssl.py")  # fmt: skip
+UNSEEN_QUESTIONS = (
+    "How do whales talk to each other across the ocean?",
+    "Write a short note a grandmother might leave in a cookbook she gives away.",
+    "What should someone know before adopting an older dog?",
+    "Explain why metal feels colder than wood in the same room.",
+    "Plan a rainy afternoon for three children without screens.",
+    "Describe an old clock repair shop from the point of view of a customer.",
+    "Why do onions make people cry, and how can it be avoided?",
+    "Tell a short legend about how a river got its name.",
+    "What are sensible first steps for someone who wants to learn to sew?",
+    "How do ships find their way across the sea without landmarks?",
+    "Write a thank-you message to a bus driver who waited for you.",
+    "What makes some cheeses have holes in them?",
+    "Describe the first snowfall of the year in a busy city.",
+    "Give tips for keeping a tidy desk when working on many projects.",
+    "How did ancient builders move very heavy stones?",
+    "Explain what an echo is and where you are likely to hear one.",
+)
 PROMPT_SETS = {
     "tuning": (MODULES, QUESTIONS),
     "fresh": (FRESH_MODULES, FRESH_QUESTIONS),
     "held-out": (HELD_OUT_MODULES, HELD_OUT_QUESTIONS),
+    "unseen": (UNSEEN_MODULES, UNSEEN_QUESTIONS),
 }
 CHAT_MAX_TOKENS = 200
 CHAT_CLIENTS = (4, 8, 16)  # the chatN workloads
