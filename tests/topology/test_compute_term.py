@@ -20,7 +20,7 @@ from topology.planning.options import share_weights
 from topology.planning.placement import Slot
 from topology.planning.plan import plan_local
 from topology.planning.predict import RankRate, busy_s, stage_flops
-from topology.planning.tensor_costs import balanced_layout
+from topology.planning.tensor_costs import RankCost, balanced_layout
 
 # A 2-core Linux box as `python -m cluster.microbench` recorded it (OpenBLAS): bandwidth-bound
 # copies at 10 GB/s, float32 matmuls at 4 GFLOP/s for one row and 40 for a 512-row chunk.
@@ -261,6 +261,35 @@ def test_crowded_cores_run_short_pieces_whole_and_long_ones_in_slices(
     monkeypatch.setattr(predict, "SCHEDULER_SLICE_S", 0.0)
     even = plan_local(host, 3, spec, strategy="tensor").predicted_decode_tok_s or 0
     assert crowded < 0.9 * even
+
+
+def test_tensor_ranks_on_cpu_cores_of_their_own_wait_for_the_slower_piece() -> None:
+    """2 tensor ranks on CPU cores of their own: every piece between two all-reduces waits for
+    the slower rank's, LOCKSTEP_WAIT of its time; one rank alone, pipeline stages, a GPU's
+    ranks (the fitted overhead holds it) and crowded cores (measured with it) pay no more."""
+    cost = RankCost(0, 0, 1e6, 1e6, 1e4, flops=(1e6, 2e6, 1e4), layers=4)
+    cpu = RankRate(gflops=1.0, memory=False)
+    alone = predict.tensor_phases([cost], [10.0], [cpu])
+    pair = predict.tensor_phases([cost, cost], [10.0, 10.0], [cpu, cpu])
+    for one, two in zip(alone, pair, strict=True):
+        assert two == [pytest.approx(one[0] * (1 + predict.LOCKSTEP_WAIT))] * 2
+    gpu = RankRate(gflops=1.0)
+    assert predict.tensor_phases([cost, cost], [10.0, 10.0], [gpu, gpu]) == [
+        p * 2 for p in predict.tensor_phases([cost], [10.0], [gpu])
+    ]
+    crowded = RankRate(gflops=1.0, memory=False, crowding=(1.5, 2.0))
+    busy = predict.tensor_phases([cost], [10.0], [cpu])[0][0]
+    three = predict.tensor_phases([cost] * 3, [10.0] * 3, [crowded] * 3)[0][0]
+    assert three == pytest.approx(busy + crowded.waits_s(busy, 4))
+    # and a plan of 2 tensor ranks on a 2-core host pays it, its pipeline does not
+    spec, host = small_spec(), linux({**LINUX_RATES, "threads": 2})
+    lockstep = plan_local(host, 2, spec, strategy="tensor").predicted_decode_tok_s or 0
+    staged = plan_local(host, 2, spec, strategy="pipeline").predicted_decode_tok_s or 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(predict, "LOCKSTEP_WAIT", 0.0)
+        free = plan_local(host, 2, spec, strategy="tensor").predicted_decode_tok_s or 0
+        assert plan_local(host, 2, spec, strategy="pipeline").predicted_decode_tok_s == staged
+    assert lockstep < 0.97 * free
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,12 @@ PREFILL_CHUNK = 512  # rows a prefill step runs (and the microbenchmark's larges
 # all-reduces): pieces of 5 and 19 ms took 1.86x and 1.75x their time alone, pieces under
 # 1.5 ms 2.0x; n / c alone would be 1.5x. README, Planning: held to it.
 SCHEDULER_SLICE_S = 0.006
+# What tensor ranks computing at once on CPU cores of their own lose to each other beyond the
+# all-reduces' own time: every piece between two all-reduces waits for the slower rank's (a
+# chain of float32 share matvecs on 2 ranks here, 12 layers, hidden 512, 1024 and 2048: 8, 8
+# and 5.5 % of the pieces' time; the same pieces on both cores without all-reduces: 0-2 %).
+# Crowded cores' pieces (SCHEDULER_SLICE_S) were measured with it; a GPU's fitted overhead holds it.
+LOCKSTEP_WAIT = 0.07
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,10 @@ def tensor_phases(
         for m, c, g in zip(phase, costs, rates, strict=True):
             t = busy_s(m, c.flops[i], g, rows, c.activation_flops if i == 0 else 0.0)
             t += g.other_s(c.layers if i == 0 else 0, c.exp_elements[i], rows)
-            times.append(t + g.waits_s(t, c.layers if i < 2 else 1))  # the head: one piece
+            waits = g.waits_s(t, c.layers if i < 2 else 1)  # the head: one piece
+            if len(costs) > 1 and not waits and g.gflops and not g.memory:  # a CPU's, uncrowded
+                waits = LOCKSTEP_WAIT * t
+            times.append(t + waits)
         out.append(times)
     return out
 
