@@ -275,7 +275,7 @@ def test_tensor_ranks_on_cpu_cores_of_their_own_wait_for_the_slower_piece() -> N
         assert two == [pytest.approx(one[0] * (1 + predict.LOCKSTEP_WAIT))] * 2
     gpu = RankRate(gflops=1.0)
     assert predict.tensor_phases([cost, cost], [10.0, 10.0], [gpu, gpu]) == [
-        p * 2 for p in predict.tensor_phases([cost], [10.0], [gpu])
+        [t, t] for (t,) in predict.tensor_phases([cost], [10.0], [gpu])
     ]
     crowded = RankRate(gflops=1.0, memory=False, crowding=(1.5, 2.0))
     busy = predict.tensor_phases([cost], [10.0], [cpu])[0][0]
@@ -290,6 +290,8 @@ def test_tensor_ranks_on_cpu_cores_of_their_own_wait_for_the_slower_piece() -> N
         free = plan_local(host, 2, spec, strategy="tensor").predicted_decode_tok_s or 0
         assert plan_local(host, 2, spec, strategy="pipeline").predicted_decode_tok_s == staged
     assert lockstep < 0.97 * free
+    notes = plan_local(host, 2, spec, strategy="tensor").assumptions
+    assert any("wait at every all-reduce for the slower one: 7%" in n for n in notes)
 
 
 @pytest.mark.parametrize(

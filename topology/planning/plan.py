@@ -35,7 +35,7 @@ from topology.planning.hostfile import RDMA_BACKENDS, missing_devices, rdma_matr
 from topology.planning.memory_input import check_weights_fit, check_wired_limits
 from topology.planning.options import Option, pipeline_option, tensor_option
 from topology.planning.placement import Slot
-from topology.planning.predict import tensor_comms_s, tok_s
+from topology.planning.predict import LOCKSTEP_WAIT, tensor_comms_s, tok_s
 from topology.planning.prefill import DEFAULT_PROMPT_TOKENS, compute_source, ttft_seconds
 from topology.planning.tensor_costs import share_summary
 from topology.planning.types import DEFAULT_CONTEXT, Plan, RankPlan
@@ -400,6 +400,11 @@ def plan_local(
             "time, and a rank waiting on another cannot make it go faster; a tensor rank's "
             f"short work between two all-reduces runs to its end on one core ({whole:g}x its "
             "time alone, not the even share)"
+        )
+    elif rates is not None and rates.device == "cpu" and n > 1:
+        notes.append(
+            "tensor ranks on cores of their own wait at every all-reduce for the slower one: "
+            f"{LOCKSTEP_WAIT:.0%} of their compute (measured on a 2-core machine)"
         )
     # Pipeline stages take turns: the one computing has the memory bandwidth and its cores to
     # itself (measured here: pipeline x2 and x3 decode at 0.9x one rank, not at half of it).

@@ -6,7 +6,8 @@ small ops and exp-type passes (SiLU, softmax: elements × rows × their measured
 collectives the strategy needs. Never above the memory-bandwidth roofline.
 
 tensor:   t = sum over phases(max over ranks(phase time)) + 2 all-reduces per layer
-          + step overhead (phases: attention, MLP or experts, the LM head)
+          + step overhead (phases: attention, MLP or experts, the LM head); on a CPU a phase
+          also waits for crowded cores (more ranks than cores) or for the slower rank's pieces
 pipeline: t = sum over stages(stage time) + the LM head (every rank computes it)
               + one hand-off per stage boundary + the final all_gather + step overhead
 Decode is 1 row a step; a prefill chunk is up to PREFILL_CHUNK rows. The share of bandwidth
