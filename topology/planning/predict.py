@@ -76,16 +76,20 @@ class RankRate:
     # than cores compute at once (host_rates.HostRates.crowding); the rates hold the fair one.
     crowding: tuple[float, float] = (1.0, 1.0)
 
-    def waits_s(self, busy: float, pieces: int) -> float:
+    def waits_s(self, busy: float, pieces: int, lockstep: bool = False) -> float:
         """What `pieces` pieces of work between all-reduces (`busy` seconds at the fair share)
-        wait beyond that share on crowded cores. A piece within the scheduler's slice runs to
-        its end on one core, so n pieces on c cores end after ceil(n / c) of them; a longer one
-        is cut into slices shared evenly and waits only for about one slice."""
+        wait beyond that share on a CPU. On crowded cores a piece within the scheduler's slice
+        runs to its end on one core, so n pieces on c cores end after ceil(n / c) of them; a
+        longer one is cut into slices shared evenly and waits only for about one slice. On
+        cores of its own, in `lockstep` with other ranks, each piece waits for the slower one's
+        (LOCKSTEP_WAIT; crowded pieces were measured with it)."""
         fair, whole = self.crowding
-        if whole <= fair or pieces <= 0 or busy <= 0:
+        if pieces <= 0 or busy <= 0:
             return 0.0
-        alone = busy / fair / pieces
-        return pieces * (whole - fair) * min(alone, SCHEDULER_SLICE_S)
+        if whole > fair:
+            return pieces * (whole - fair) * min(busy / fair / pieces, SCHEDULER_SLICE_S)
+        cpu = bool(self.gflops) and not self.memory  # a GPU's fitted overhead holds the wait
+        return LOCKSTEP_WAIT * busy if lockstep and cpu else 0.0
 
     def other_s(self, layers: int, exp_elements: float, rows: int) -> float:
         """Seconds a step of `rows` spends besides matmuls in `layers` layers whose exp-type
@@ -123,10 +127,8 @@ def tensor_phases(
         for m, c, g in zip(phase, costs, rates, strict=True):
             t = busy_s(m, c.flops[i], g, rows, c.activation_flops if i == 0 else 0.0)
             t += g.other_s(c.layers if i == 0 else 0, c.exp_elements[i], rows)
-            waits = g.waits_s(t, c.layers if i < 2 else 1)  # the head: one piece
-            if len(costs) > 1 and not waits and g.gflops and not g.memory:  # a CPU's, uncrowded
-                waits = LOCKSTEP_WAIT * t
-            times.append(t + waits)
+            pieces = c.layers if i < 2 else 1  # the head: one piece
+            times.append(t + g.waits_s(t, pieces, lockstep=len(costs) > 1))
         out.append(times)
     return out
 
